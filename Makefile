@@ -1,0 +1,57 @@
+# tidemark: `make demo` runs it on embedded defaults, `make test` runs the suite.
+# Both install what they need first (a venv with the package and its extras).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST := $(PY) -m pytest
+export PYSPARK_PYTHON := $(abspath $(PY))
+
+.PHONY: setup java test test-fast test-integration lint demo bench clean
+
+setup: java $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+# Spark 4 needs Java 17+. As root we install it; otherwise we say what to do.
+java:
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -n "$$v" ] && [ "$$v" -ge 17 ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Java 17 not found (got '$$v'): installing openjdk-17-jre-headless"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
+	else \
+		echo "tidemark needs Java 17 or newer for Spark (found: '$${v:-none}')."; \
+		echo "Install it, e.g. 'sudo apt-get install openjdk-17-jre-headless', or set JAVA_HOME."; \
+		exit 1; \
+	fi
+
+# Pure cores only: no Postgres, no Spark.
+test-fast: setup
+	$(PYTEST) tests/unit -q -p no:cacheprovider
+
+# Real Postgres (embedded PG 16 and, if installed, the system's PG 15) and a real Spark.
+test-integration: setup
+	$(PYTEST) tests/integration -q -p no:cacheprovider
+
+test: setup
+	$(PYTEST) tests -q -p no:cacheprovider --durations=15
+
+lint: setup
+	$(VENV)/bin/ruff check service tests bench
+	$(VENV)/bin/ruff format --check service tests bench
+	$(VENV)/bin/mypy
+
+demo: setup
+	$(PY) -m tidemark demo
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) demo-data .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,149 @@
+"""Real Postgres and real Spark for the integration suite.
+
+Postgres, in order of preference:
+1. ``TIDEMARK_TEST_DSN`` (a superuser DSN of a server with ``wal_level=logical``);
+2. ``testcontainers`` when a Docker engine answers;
+3. the embedded helper: the ``pgserver`` wheel's PostgreSQL 16 and, when system
+   binaries exist (``/usr/lib/postgresql/15+``), the system PostgreSQL too. Tests that
+   take ``pg_server`` (directly or through ``pg_db``) run once per server.
+
+``TIDEMARK_TEST_PG=wheel|system`` restricts the embedded servers to one flavor.
+Spark: one session for the whole run (``local[2]``, UI off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from tidemark.embedded import EmbeddedPostgres, system_bin_dir
+
+
+@dataclass
+class PgServer:
+    """A server the tests may create databases, roles and slots on."""
+
+    label: str
+    admin_dsn: str  # superuser, database "postgres"
+    version: int
+    embedded: EmbeddedPostgres | None = None
+
+    def dsn_for(self, dbname: str, user: str | None = None, password: str | None = None) -> str:
+        parts = urlsplit(self.admin_dsn)
+        netloc = parts.netloc
+        if user is not None:
+            host = netloc.rsplit("@", 1)[-1]
+            netloc = f"{user}:{password or ''}@{host}"
+        return urlunsplit((parts.scheme, netloc, "/" + dbname, parts.query, ""))
+
+    def bin(self, name: str) -> str:
+        if self.embedded is not None:
+            return self.embedded.bin(name)
+        return name
+
+
+@dataclass
+class PgDatabase:
+    """A fresh database, dropped (with its slots) after the test."""
+
+    server: PgServer
+    name: str
+    dsn: str
+
+    def execute(self, sql: str, params: object = None) -> list[tuple[object, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.execute(sql, params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+
+def _docker_engine_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+def _server_params() -> list[str]:
+    if os.environ.get("TIDEMARK_TEST_DSN"):
+        return ["dsn"]
+    if _docker_engine_answers():
+        return ["docker"]
+    wanted = os.environ.get("TIDEMARK_TEST_PG")
+    flavors = ["wheel"] + (["system"] if system_bin_dir() is not None else [])
+    return [f for f in flavors if wanted in (None, "", f)] or flavors[:1]
+
+
+def _server_version(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.info.server_version // 10000
+
+
+@pytest.fixture(scope="session", params=_server_params())
+def pg_server(request: pytest.FixtureRequest) -> Iterator[PgServer]:
+    kind = request.param
+    if kind == "dsn":
+        dsn = os.environ["TIDEMARK_TEST_DSN"]
+        yield PgServer("dsn", dsn, _server_version(dsn))
+    elif kind == "docker":
+        from testcontainers.postgres import PostgresContainer
+
+        container = PostgresContainer("postgres:16", driver=None).with_command(
+            "-c wal_level=logical -c max_replication_slots=40 -c max_wal_senders=40"
+        )
+        with container:
+            dsn = container.get_connection_url()
+            yield PgServer("docker", dsn, _server_version(dsn))
+    else:
+        cluster = EmbeddedPostgres(kind).start()  # type: ignore[arg-type]
+        try:
+            yield PgServer(f"pg{cluster.major}", cluster.dsn(), cluster.major or 0, cluster)
+        finally:
+            cluster.stop()
+
+
+def drop_database(server: PgServer, name: str) -> None:
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            "select pg_terminate_backend(active_pid) from pg_replication_slots"
+            " where database = %s and active_pid is not null",
+            (name,),
+        )
+        for (slot,) in conn.execute(
+            "select slot_name from pg_replication_slots where database = %s", (name,)
+        ).fetchall():
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("select pg_drop_replication_slot(%s)", (slot,))
+        conn.execute(f'drop database if exists "{name}" with (force)')
+
+
+@pytest.fixture
+def pg_db(pg_server: PgServer) -> Iterator[PgDatabase]:
+    name = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    try:
+        yield PgDatabase(pg_server, name, pg_server.dsn_for(name))
+    finally:
+        drop_database(pg_server, name)
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from tidemark.spark import build_session
+
+    session = build_session("local[2]", app_name="tidemark-tests")
+    yield session
+    session.stop()
