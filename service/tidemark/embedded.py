@@ -51,7 +51,7 @@ PASSWORD = "tidemark"  # a throwaway cluster on loopback; never used for real da
 def wheel_bin_dir() -> Path:
     """The bin directory of the ``pgserver`` wheel's PostgreSQL."""
     try:
-        import pgserver  # noqa: PLC0415 - optional at import time of this module
+        import pgserver
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError(
             "the pgserver wheel is not installed: run `make setup` (it installs it)"
@@ -184,6 +184,7 @@ class EmbeddedPostgres:
             "max_replication_slots": "40",
             "max_wal_senders": "40",
             "max_connections": "200",
+            "max_prepared_transactions": "20",
             "wal_sender_timeout": "60s",
             "fsync": "on",
             "synchronous_commit": "on",
@@ -207,8 +208,7 @@ class EmbeddedPostgres:
 
     def dsn(self, dbname: str = "postgres", *, user: str = ROLE, password: str = PASSWORD) -> str:
         return (
-            f"postgresql://{quote(user)}:{quote(password)}@{self.host}:{self.port}/"
-            f"{quote(dbname)}"
+            f"postgresql://{quote(user)}:{quote(password)}@{self.host}:{self.port}/{quote(dbname)}"
         )
 
     @property
@@ -250,7 +250,7 @@ class EmbeddedPostgres:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
         env["LANG"] = "C"
-        return subprocess.Popen(args, env=env, cwd=self.dir, **extra, **kwargs)  # type: ignore[call-overload, no-any-return]
+        return subprocess.Popen(args, env=env, cwd=self.dir, **extra, **kwargs)  # type: ignore[call-overload]
 
     def _initdb(self) -> None:
         assert self.dir is not None
@@ -310,7 +310,7 @@ class EmbeddedPostgres:
             log.close()
 
     def _wait_ready(self, timeout: float) -> None:
-        import psycopg  # noqa: PLC0415 - keep module import light
+        import psycopg
 
         deadline = time.monotonic() + timeout
         last: Exception | None = None

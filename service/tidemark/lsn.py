@@ -60,10 +60,10 @@ class Lsn(int):
     def __repr__(self) -> str:
         return f"Lsn('{format_lsn(self)}')"
 
-    def __add__(self, other: int) -> Lsn:  # type: ignore[override]
+    def __add__(self, other: int) -> Lsn:
         return Lsn(int(self) + int(other))
 
-    def __sub__(self, other: int) -> Lsn:  # type: ignore[override]
+    def __sub__(self, other: int) -> Lsn:
         return Lsn(int(self) - int(other))
 
 
