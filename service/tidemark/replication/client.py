@@ -1,0 +1,595 @@
+"""The walsender client: an asyncio shell around psycopg 3's COPY_BOTH.
+
+``ReplicationClient.run()`` connects with ``replication=database``, checks the
+server, ensures the publication and the logical slot, and streams pgoutput
+bytes into a bounded ``asyncio.Queue`` as ``WalBatch`` items (every XLogData
+payload available on the socket in one go, so the queue is touched once per
+read, not once per message). Keepalives travel through the same queue as
+``KeepaliveMark`` so the consumer sees them in stream order: that is what makes
+the idle acknowledgement safe (see ``replication.feedback``).
+
+Backpressure: when the queue is full the reader stops reading the socket, the
+walsender's send buffer fills and it waits; a separate sender task keeps sending
+status updates, so the walsender does not time the connection out.
+
+Reconnects: any connection loss is retried with capped exponential backoff and
+jitter, resuming from the durable position; each (re)start puts a
+``StreamStarted`` mark in the queue so the consumer drops a half-received
+transaction (Postgres re-sends it). A dropped or invalidated slot, wrong
+credentials, a role without REPLICATION or ``wal_level`` below logical are fatal
+and raised, never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+import structlog
+from psycopg import pq
+
+from tidemark.conninfo import redact_dsn, redact_text
+from tidemark.errors import ReplicationError, SlotLostError, TidemarkError
+from tidemark.lsn import format_lsn
+from tidemark.pgoutput.framing import pg_now_us, standby_status_update
+from tidemark.replication import slot as slots
+from tidemark.replication.feedback import Feedback, StatusUpdate, keepalive_interval
+
+log = structlog.get_logger("tidemark.replication")
+
+# Session settings that fix the text format of values the walsender sends.
+SESSION_OPTIONS = (
+    "-c datestyle=ISO -c intervalstyle=postgres -c timezone=UTC "
+    "-c extra_float_digits=3 -c bytea_output=hex"
+)
+_XLOG_HEADER = struct.Struct("!QQQ")  # wal_start, wal_end, send_time
+_KEEPALIVE = struct.Struct("!QQB")  # wal_end, send_time, reply_requested
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    dsn: str
+    slot: str = "tidemark"
+    publication: str = "tidemark"
+    publication_tables: tuple[str, ...] | None = None  # None: FOR ALL TABLES when created
+    create_publication: bool = True
+    create_slot: bool = True
+    proto_version: int | None = None  # None: the highest the server speaks (v4 on PG 16)
+    streaming: bool = False
+    queue_batches: int = 64  # bounded queue, in WalBatch items
+    reconnect_initial_s: float = 0.5
+    reconnect_max_s: float = 30.0
+
+
+@dataclass(slots=True)
+class WalBatch:
+    """XLogData payloads in stream order, and the highest XLogData start among them."""
+
+    payloads: list[bytes]
+    last_lsn: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeepaliveMark:
+    wal_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStarted:
+    """A (re)connection began streaming at ``start_lsn``: drop any half-received txn."""
+
+    start_lsn: int
+    walsender_pid: int
+    proto_version: int
+    reconnect: bool
+
+
+StreamItem = WalBatch | KeepaliveMark | StreamStarted
+
+
+@dataclass(slots=True)
+class ClientStats:
+    bytes_received: int = 0
+    messages_received: int = 0
+    keepalives: int = 0
+    status_updates: int = 0
+    reconnects: int = 0
+    connected: bool = False
+    walsender_pid: int | None = None
+    history: list[tuple[float, StatusUpdate]] = field(default_factory=list)
+
+
+class _ConnectionLost(Exception):
+    pass
+
+
+def session_options(dsn: str) -> str:
+    """Our session settings appended to any ``options`` the DSN already carries."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    given = str(conninfo_to_dict(dsn).get("options") or "").strip()
+    return f"{given} {SESSION_OPTIONS}".strip()
+
+
+def proto_for(server_major: int) -> int:
+    return 4 if server_major >= 16 else 3
+
+
+class ReplicationClient:
+    """Streams one slot into a queue; reports positions through ``feedback``."""
+
+    def __init__(
+        self,
+        config: SourceConfig,
+        queue: asyncio.Queue[StreamItem] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        slots.check_name("slot", config.slot)
+        slots.check_name("publication", config.publication)
+        self.config = config
+        self.queue: asyncio.Queue[StreamItem] = queue or asyncio.Queue(config.queue_batches)
+        self.feedback: Feedback | None = None
+        self.stats = ClientStats()
+        self.start_lsn: int | None = None
+        self.server_major: int | None = None
+        self.proto_version: int | None = None
+        self.streaming_started = asyncio.Event()
+        self._clock = clock
+        self._wall = wall_clock
+        self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+        self._flush_cb: list[Callable[[StatusUpdate], None]] = []
+
+    # -- inputs from the pipeline --------------------------------------------
+
+    def note_durable(self, lsn: int) -> None:
+        """The FlushTracker's notification: transactions with commit LSN <= lsn are durable."""
+        if self.feedback is not None:
+            self.feedback.note_durable(lsn)
+            self._wake.set()
+
+    def note_idle(self, wal_end: int) -> None:
+        """The consumer reached a keepalive at ``wal_end`` with nothing open or pending."""
+        if self.feedback is not None:
+            self.feedback.note_idle(wal_end)
+            self._wake.set()
+
+    def on_status_sent(self, callback: Callable[[StatusUpdate], None]) -> None:
+        self._flush_cb.append(callback)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Stream until ``stop()``; reconnect on connection loss; raise on fatal errors."""
+        attempt = 0
+        first = True
+        while not self._stopping:
+            try:
+                await self._stream_once(reconnect=not first)
+                attempt = 0
+                if self._stopping:
+                    return
+            except (SlotLostError, ReplicationError, TidemarkError):
+                raise
+            except (
+                psycopg.OperationalError,
+                psycopg.InterfaceError,
+                _ConnectionLost,
+                OSError,
+            ) as exc:
+                if self._stopping:
+                    return
+                attempt += 1
+                self.stats.reconnects += 1
+                delay = min(
+                    self.config.reconnect_max_s,
+                    self.config.reconnect_initial_s * 2 ** min(attempt - 1, 16),
+                )
+                delay *= 0.5 + random.random() / 2  # jitter
+                log.warning(
+                    "replication.disconnected",
+                    error=redact_text(str(exc), self.config.dsn).strip(),
+                    retry_in_s=round(delay, 2),
+                    attempt=attempt,
+                )
+                await asyncio.sleep(delay)
+            finally:
+                self.stats.connected = False
+                await self._close()
+            first = False
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Final status update, CopyDone, drain, close."""
+        self._stopping = True
+        self._wake.set()
+        await self._stop_sender()
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        pgconn = conn.pgconn
+        try:
+            if self.feedback is not None:
+                await self._send(self.feedback.current())
+            pgconn.put_copy_end(None)
+            await self._flush_out()
+            deadline = self._clock() + timeout
+            while self._clock() < deadline:
+                pgconn.consume_input()
+                nbytes, _ = pgconn.get_copy_data(1)
+                if nbytes == -1:
+                    while pgconn.get_result() is not None:
+                        pass
+                    break
+                if nbytes == -2:
+                    break
+                if nbytes == 0:
+                    await self._wait_readable(max(0.0, deadline - self._clock()))
+            log.info(
+                "replication.stopped",
+                flush_lsn=format_lsn(self.feedback.flush_lsn) if self.feedback else None,
+            )
+        except (psycopg.Error, OSError) as exc:
+            log.warning("replication.stop_unclean", error=redact_text(str(exc), self.config.dsn))
+        finally:
+            await self._close()
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    # -- one connection -------------------------------------------------------
+
+    async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        cfg = self.config
+        try:
+            return await psycopg.AsyncConnection.connect(
+                cfg.dsn,
+                replication="database",
+                autocommit=True,
+                options=session_options(cfg.dsn),
+            )
+        except psycopg.OperationalError as exc:
+            raise _classify_connect_error(exc, cfg.dsn) from exc
+
+    async def _prepare(self) -> tuple[int, str]:
+        """Checks and objects on a normal connection; returns (server major, dbname)."""
+        cfg = self.config
+        try:
+            conn = await psycopg.AsyncConnection.connect(cfg.dsn, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise _classify_connect_error(exc, cfg.dsn) from exc
+        try:
+            major = await slots.check_server(conn)
+            if not await slots.role_can_replicate(conn):
+                user = conn.info.user
+                raise ReplicationError(
+                    f"role '{user}' lacks the REPLICATION attribute: run "
+                    f"ALTER ROLE {user} REPLICATION; (as a superuser)"
+                )
+            await slots.ensure_publication(
+                conn, cfg.publication, cfg.publication_tables, create=cfg.create_publication
+            )
+            return major, conn.info.dbname
+        finally:
+            await conn.close()
+
+    async def _slot_start_lsn(
+        self, repl: psycopg.AsyncConnection[tuple[object, ...]], dbname: str, reconnect: bool
+    ) -> int:
+        cfg = self.config
+        conn = await psycopg.AsyncConnection.connect(cfg.dsn, autocommit=True)
+        try:
+            state = await slots.slot_state(conn, cfg.slot)
+        finally:
+            await conn.close()
+        if state is None:
+            if reconnect or self.start_lsn is not None:
+                raise SlotLostError(
+                    f"replication slot '{cfg.slot}' disappeared while tidemark was using it "
+                    "(dropped by someone?): changes may have been lost. Resync every shape"
+                )
+            if not cfg.create_slot:
+                raise ReplicationError(
+                    f"replication slot '{cfg.slot}' does not exist: create it "
+                    f"(SELECT pg_create_logical_replication_slot('{cfg.slot}', 'pgoutput')) "
+                    "or allow tidemark to create it"
+                )
+            lsn = await slots.create_slot(repl, cfg.slot)
+            log.info("slot.created", slot=cfg.slot, consistent_lsn=format_lsn(lsn))
+            return lsn
+        slots.check_slot_usable(state, cfg.slot, dbname)
+        assert state.confirmed_flush_lsn is not None
+        return state.confirmed_flush_lsn
+
+    async def _stream_once(self, *, reconnect: bool) -> None:
+        cfg = self.config
+        major, dbname = await self._prepare()
+        self.server_major = major
+        repl = await self._connect()
+        self._conn = repl
+        cur = await repl.execute("IDENTIFY_SYSTEM")
+        ident = await cur.fetchone()
+        cur = await repl.execute("SHOW wal_sender_timeout")
+        timeout_row = await cur.fetchone()
+        timeout_s = _parse_duration_s(str(timeout_row[0]) if timeout_row else "60s")
+        slot_lsn = await self._slot_start_lsn(repl, dbname, reconnect)
+        if self.feedback is None:
+            self.feedback = Feedback(slot_lsn, keepalive_interval_s=keepalive_interval(timeout_s))
+        # Resume from what we know is durable; Postgres uses max(this, confirmed_flush).
+        start = max(slot_lsn, self.feedback.flush_lsn)
+        self.start_lsn = start if self.start_lsn is None else self.start_lsn
+        proto = cfg.proto_version or proto_for(major)
+        self.proto_version = proto
+        options = [
+            f"proto_version '{proto}'",
+            f"publication_names '{cfg.publication}'",
+            "messages 'true'",
+        ]
+        if cfg.streaming:
+            options.append("streaming 'on'")
+        command = (
+            f"START_REPLICATION SLOT {cfg.slot} LOGICAL {format_lsn(start)} ({', '.join(options)})"
+        )
+        pgconn = repl.pgconn
+        pid = pgconn.backend_pid
+        try:
+            await self._start_copy_both(command)
+        except psycopg.errors.ObjectInUse as exc:
+            raise _ConnectionLost(str(exc)) from exc  # our previous walsender still exiting
+        except psycopg.errors.UndefinedObject as exc:
+            raise SlotLostError(
+                f"replication slot '{cfg.slot}' does not exist any more: "
+                f"{exc.diag.message_primary}. Resync every shape"
+            ) from exc
+        except psycopg.errors.ObjectNotInPrerequisiteState as exc:
+            raise SlotLostError(
+                f"replication slot '{cfg.slot}' cannot be used: {exc.diag.message_primary}. "
+                "Drop it and resync every shape"
+            ) from exc
+        self.stats.connected = True
+        self.stats.walsender_pid = pid
+        log.info(
+            "replication.started",
+            slot=cfg.slot,
+            start_lsn=format_lsn(start),
+            walsender_pid=pid,
+            proto_version=proto,
+            server=ident[0] if ident else None,
+            dsn=redact_dsn(cfg.dsn),
+            wal_sender_timeout_s=timeout_s,
+            reconnect=reconnect,
+        )
+        await self.queue.put(StreamStarted(start, pid, proto, reconnect))
+        self.streaming_started.set()
+        self._sender = asyncio.create_task(self._status_sender(), name="replication-status")
+        try:
+            await self._read_loop()
+        finally:
+            await self._stop_sender()
+
+    async def _stop_sender(self) -> None:
+        sender, self._sender = self._sender, None
+        if sender is not None and sender is not asyncio.current_task():
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sender
+
+    async def _start_copy_both(self, command: str) -> None:
+        conn = self._conn
+        assert conn is not None
+        pgconn = conn.pgconn
+        pgconn.send_query(command.encode())
+        await self._flush_out()
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+            await self._wait_readable(None)
+        result = pgconn.get_result()
+        if result is None:
+            raise _ConnectionLost("no result for START_REPLICATION")
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            err = psycopg.errors.error_from_result(result, encoding="utf-8")
+            while pgconn.get_result() is not None:
+                pass
+            raise err
+        if result.status != pq.ExecStatus.COPY_BOTH:
+            raise ReplicationError(
+                f"START_REPLICATION answered {pq.ExecStatus(result.status).name}, not COPY_BOTH"
+            )
+        pgconn.nonblocking = 1
+
+    async def _read_loop(self) -> None:
+        conn = self._conn
+        assert conn is not None and self.feedback is not None
+        pgconn = conn.pgconn
+        feedback = self.feedback
+        stats = self.stats
+        queue = self.queue
+        unpack_x = _XLOG_HEADER.unpack_from
+        unpack_k = _KEEPALIVE.unpack_from
+        while not self._stopping:
+            try:
+                pgconn.consume_input()
+            except psycopg.OperationalError as exc:
+                raise _ConnectionLost(str(exc)) from exc
+            payloads: list[bytes] = []
+            last = 0
+            while True:
+                nbytes, data = pgconn.get_copy_data(1)
+                if nbytes > 0:
+                    kind = data[0]
+                    if kind == 0x77:  # 'w' XLogData
+                        wal_start = unpack_x(data, 1)[0]
+                        payloads.append(bytes(data[25:]))
+                        if wal_start > last:
+                            last = wal_start
+                        stats.bytes_received += nbytes
+                    elif kind == 0x6B:  # 'k' primary keepalive
+                        wal_end, _ts, reply = unpack_k(data, 1)
+                        stats.keepalives += 1
+                        if payloads:
+                            feedback.note_received(last)
+                            stats.messages_received += len(payloads)
+                            await queue.put(WalBatch(payloads, last))
+                            payloads, last = [], 0
+                        feedback.note_keepalive(wal_end, bool(reply))
+                        if reply:
+                            self._wake.set()
+                        await queue.put(KeepaliveMark(wal_end))
+                    continue
+                if nbytes == 0:
+                    break
+                if nbytes == -1:  # server ended the copy
+                    while (res := pgconn.get_result()) is not None:
+                        if res.status == pq.ExecStatus.FATAL_ERROR:
+                            err = psycopg.errors.error_from_result(res, encoding="utf-8")
+                            _raise_stream_error(err, self.config.slot)
+                    raise _ConnectionLost("the walsender ended the replication stream")
+                err_text = (pgconn.error_message or b"").decode(errors="replace")
+                raise _ConnectionLost(err_text or "copy failed")
+            if payloads:
+                feedback.note_received(last)
+                stats.messages_received += len(payloads)
+                await queue.put(WalBatch(payloads, last))
+                continue  # there may be more already buffered
+            await self._wait_readable(None)
+
+    async def _status_sender(self) -> None:
+        feedback = self.feedback
+        assert feedback is not None
+        while not self._stopping:
+            now = self._clock()
+            update = feedback.due(now)
+            if update is not None:
+                await self._send(update)
+                continue
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), feedback.next_deadline(now) + 0.001)
+
+    async def _send(self, update: StatusUpdate) -> None:
+        conn = self._conn
+        if conn is None or conn.closed or self.feedback is None:
+            raise _ConnectionLost("status update on a closed replication connection")
+        now = self._clock()
+        wall = self._wall()
+        msg = standby_status_update(
+            update.write_lsn, update.flush_lsn, update.apply_lsn, pg_now_us(wall), False
+        )
+        conn.pgconn.put_copy_data(msg)
+        self.feedback.sent(update, now)
+        await self._flush_out()
+        self.stats.status_updates += 1
+        history = self.stats.history
+        history.append((wall, update))
+        if len(history) > 256:
+            del history[:128]
+        for cb in self._flush_cb:
+            cb(update)
+
+    async def _flush_out(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        pgconn = conn.pgconn
+        while pgconn.flush() == 1:
+            await self._wait_writable()
+
+    async def _wait_readable(self, timeout: float | None) -> None:
+        await self._wait_fd(True, timeout)
+
+    async def _wait_writable(self) -> None:
+        await self._wait_fd(False, 5.0)
+
+    async def _wait_fd(self, readable: bool, timeout: float | None) -> None:
+        conn = self._conn
+        if conn is None:
+            raise _ConnectionLost("connection closed")
+        loop = asyncio.get_running_loop()
+        fd = conn.pgconn.socket
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        add, remove = (
+            (loop.add_reader, loop.remove_reader)
+            if readable
+            else (loop.add_writer, loop.remove_writer)
+        )
+        add(fd, ready)
+        try:
+            if timeout is None:
+                await fut
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(fut, timeout)
+        finally:
+            remove(fd)
+
+
+def _raise_stream_error(err: psycopg.Error, slot: str) -> None:
+    message = err.diag.message_primary or str(err)
+    lowered = message.lower()
+    if (
+        "can no longer get changes" in lowered
+        or "has been invalidated" in lowered
+        or ("does not exist" in lowered and "slot" in lowered)
+    ):
+        raise SlotLostError(
+            f"replication slot '{slot}' is no longer usable: {message}. "
+            "Drop it and resync every shape"
+        ) from err
+    raise _ConnectionLost(message) from err
+
+
+def _classify_connect_error(exc: psycopg.OperationalError, dsn: str) -> Exception:
+    text = redact_text(str(exc), dsn).strip()
+    lowered = text.lower()
+    safe = redact_dsn(dsn)
+    if "password authentication failed" in lowered or "no password supplied" in lowered:
+        return ReplicationError(
+            f"cannot log in to the source ({safe}): password authentication failed. "
+            "Check the user and password in the source DSN"
+        )
+    if "must be superuser or replication role" in lowered or (
+        "permission denied to start wal sender" in lowered
+    ):
+        return ReplicationError(
+            f"the source role may not start a walsender ({text}). Grant it: "
+            "ALTER ROLE <user> REPLICATION;"
+        )
+    if "does not exist" in lowered and ("database" in lowered or "role" in lowered):
+        return ReplicationError(f"cannot connect to the source ({safe}): {text}")
+    if "no pg_hba.conf entry" in lowered:
+        return ReplicationError(
+            f"the source refuses the connection ({text}). Allow it in pg_hba.conf "
+            "(a 'replication' line is needed for the walsender connection)"
+        )
+    return _ConnectionLost(text)
+
+
+def _parse_duration_s(text: str) -> float:
+    text = text.strip()
+    units = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+    for unit in ("ms", "min", "s", "h", "d"):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * units[unit]
+    return float(text) / 1000.0  # bare numbers are milliseconds
+
+
+def publication_tables(tables: Sequence[str] | None) -> tuple[str, ...] | None:
+    return None if tables is None else tuple(tables)

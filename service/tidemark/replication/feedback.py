@@ -1,0 +1,143 @@
+"""What tidemark tells the walsender, and when (pure: time is passed in).
+
+A standby status update carries three LSNs:
+
+* **write**: the last WAL position received (XLogData start or keepalive end);
+* **flush**: the durable position. Postgres resends every transaction whose commit
+  LSN is ``>=`` the confirmed flush LSN and forgets the rest, without validating
+  what we send. ``flush`` is therefore the FlushTracker's notified value ``D``
+  (every transaction with commit LSN ``<= D`` is durably committed in every shape
+  it touched), raised to an *idle point* when the pipeline proves nothing is
+  pending (below);
+* **apply**: what readers can see; a sink commit is also its publication, so it
+  equals ``flush``.
+
+Rules, each enforced here and unit-tested:
+
+1. never acknowledge beyond what was received (``flush <= write``);
+2. never go backwards (each of the three is monotonic);
+3. idle acknowledgement: a keepalive's ``wal_end`` W says the server has sent
+   everything before W. When the consumer has processed the stream up to that
+   keepalive, has no transaction open and the tracker holds nothing pending,
+   everything before W is durable, so W may be acknowledged. "Nothing pending"
+   is not a flag that can go stale: the consumer re-evaluates it after every
+   tracker notification and every keepalive, and reports an idle point only at
+   such a moment (``note_idle``).
+
+When to send: at once when a keepalive asks for a reply; when flush advanced
+(debounced by ``min_interval``); and at least every ``keepalive_interval``, which
+is ``min(wal_sender_timeout / 3, 10 s)`` so the walsender never times us out,
+even while the consumer is paused and the socket is not being read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StatusUpdate:
+    write_lsn: int
+    flush_lsn: int
+    apply_lsn: int
+    reply_requested: bool = False
+
+
+def keepalive_interval(wal_sender_timeout_s: float) -> float:
+    """Seconds between status updates: a third of the server's timeout, at most 10 s."""
+    if wal_sender_timeout_s <= 0:  # timeout disabled on the server
+        return 10.0
+    return min(wal_sender_timeout_s / 3.0, 10.0)
+
+
+class Feedback:
+    """The positions to report and the decision when to report them."""
+
+    def __init__(
+        self,
+        start_lsn: int,
+        *,
+        keepalive_interval_s: float = 10.0,
+        min_interval_s: float = 0.05,
+    ) -> None:
+        # Everything before the slot's confirmed position is durable by definition.
+        self.received = start_lsn
+        self.durable = start_lsn
+        self.idle_point = start_lsn
+        self.keepalive_interval_s = keepalive_interval_s
+        self.min_interval_s = min_interval_s
+        self._sent: StatusUpdate | None = None
+        self._sent_at = float("-inf")
+        self._reply_due = False
+
+    # -- inputs --------------------------------------------------------------
+
+    def note_received(self, lsn: int) -> None:
+        """XLogData start or keepalive ``wal_end`` seen on the socket."""
+        if lsn > self.received:
+            self.received = lsn
+
+    def note_keepalive(self, wal_end: int, reply_requested: bool) -> None:
+        self.note_received(wal_end)
+        if reply_requested:
+            self._reply_due = True
+
+    def note_durable(self, lsn: int) -> None:
+        """The FlushTracker's notification ``D``."""
+        if lsn > self.durable:
+            self.durable = lsn
+
+    def note_idle(self, wal_end: int) -> None:
+        """The consumer processed the stream up to a keepalive at ``wal_end`` and, at that
+        moment, had no open transaction and nothing pending in any writer."""
+        if wal_end > self.idle_point:
+            self.idle_point = wal_end
+
+    # -- outputs -------------------------------------------------------------
+
+    @property
+    def flush_lsn(self) -> int:
+        candidate = max(self.durable, self.idle_point)
+        floor = self._sent.flush_lsn if self._sent is not None else 0
+        return max(floor, min(candidate, self.received))
+
+    def current(self) -> StatusUpdate:
+        flush = self.flush_lsn
+        prev = self._sent
+        write = max(self.received, prev.write_lsn if prev else 0)
+        return StatusUpdate(write, flush, flush)
+
+    def due(self, now: float) -> StatusUpdate | None:
+        """The update to send now, or None. Call ``sent`` after actually sending it."""
+        update = self.current()
+        if self._reply_due:
+            return update
+        elapsed = now - self._sent_at
+        if elapsed >= self.keepalive_interval_s:
+            return update
+        prev = self._sent
+        if (
+            prev is not None
+            and update.flush_lsn > prev.flush_lsn
+            and elapsed >= self.min_interval_s
+        ):
+            return update
+        return None
+
+    def next_deadline(self, now: float) -> float:
+        """Seconds until an update becomes due without new input."""
+        prev = self._sent
+        if self._reply_due:
+            return 0.0
+        if prev is not None and self.current().flush_lsn > prev.flush_lsn:
+            return max(0.0, self._sent_at + self.min_interval_s - now)
+        return max(0.0, self._sent_at + self.keepalive_interval_s - now)
+
+    def sent(self, update: StatusUpdate, now: float) -> None:
+        self._sent = update
+        self._sent_at = now
+        self._reply_due = False
+
+    @property
+    def last_sent(self) -> StatusUpdate | None:
+        return self._sent

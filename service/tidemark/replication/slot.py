@@ -1,0 +1,240 @@
+"""The server-side objects replication needs: checks, publication, logical slot.
+
+Everything here runs on a *normal* SQL connection except slot creation, which
+uses the replication protocol's ``CREATE_REPLICATION_SLOT`` so it works for a
+role that has REPLICATION but is not superuser. Errors say what was wrong and
+what to run to fix it.
+
+Slot and publication names are restricted to ``[a-z_][a-z0-9_]{0,62}`` (Postgres
+already restricts slot names to lower-case letters, digits and ``_``), which keeps
+them safe to splice into replication commands that take no parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from tidemark.errors import ConfigError, ReplicationError, SlotLostError
+
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+MIN_SERVER_MAJOR = 15
+
+
+def check_name(kind: str, name: str) -> str:
+    if not _NAME.match(name):
+        raise ConfigError(
+            f"invalid {kind} name {name!r}: use 1-63 lower-case letters, digits and '_', "
+            "not starting with a digit"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    name: str
+    plugin: str | None
+    database: str | None
+    active_pid: int | None
+    confirmed_flush_lsn: int | None
+    restart_lsn: int | None
+    wal_status: str | None
+    safe_wal_size: int | None
+
+
+def _lsn(value: object) -> int | None:
+    if value is None:
+        return None
+    from tidemark.lsn import Lsn
+
+    return int(Lsn.parse(str(value)))
+
+
+async def check_server(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> int:
+    """Server major version; raises unless it can serve logical replication."""
+    major = conn.info.server_version // 10000
+    if major < MIN_SERVER_MAJOR:
+        raise ReplicationError(
+            f"PostgreSQL {major} is not supported: tidemark needs PostgreSQL {MIN_SERVER_MAJOR} "
+            "or newer"
+        )
+    row = await (await conn.execute("select current_setting('wal_level')")).fetchone()
+    if row is None or row[0] != "logical":
+        level = row[0] if row else "unknown"
+        raise ReplicationError(
+            f"wal_level is '{level}' on the source, but logical replication needs 'logical': "
+            "run ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL"
+        )
+    return major
+
+
+async def role_can_replicate(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+    row = await (
+        await conn.execute(
+            "select rolreplication or rolsuper from pg_roles where rolname = current_user"
+        )
+    ).fetchone()
+    return bool(row and row[0])
+
+
+async def ensure_publication(
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    name: str,
+    tables: Sequence[str] | None,
+    *,
+    create: bool = True,
+) -> bool:
+    """Make sure publication ``name`` exists; returns True if it was created.
+
+    ``tables=None`` creates it ``FOR ALL TABLES`` (needs superuser); otherwise
+    ``FOR TABLE`` the given schema-qualified tables, and adds any of them missing
+    from an existing publication.
+    """
+    check_name("publication", name)
+    row = await (
+        await conn.execute("select puballtables from pg_publication where pubname = %s", (name,))
+    ).fetchone()
+    if row is None:
+        if not create:
+            raise ReplicationError(
+                f"publication '{name}' does not exist on the source: create it "
+                f"(CREATE PUBLICATION {name} FOR TABLE ...) or allow tidemark to create it"
+            )
+        try:
+            if tables is None:
+                await conn.execute(
+                    sql.SQL("create publication {} for all tables").format(sql.Identifier(name))
+                )
+            elif tables:
+                await conn.execute(
+                    sql.SQL("create publication {} for table {}").format(
+                        sql.Identifier(name), sql.SQL(", ").join(_table_ident(t) for t in tables)
+                    )
+                )
+            else:
+                await conn.execute(sql.SQL("create publication {}").format(sql.Identifier(name)))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ReplicationError(
+                f"cannot create publication '{name}': {exc.diag.message_primary}. Create it as "
+                "a superuser (CREATE PUBLICATION ... FOR ALL TABLES) or list the shape tables"
+            ) from exc
+        return True
+    if tables and not row[0]:
+        await add_tables_to_publication(conn, name, tables)
+    return False
+
+
+async def add_tables_to_publication(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], name: str, tables: Sequence[str]
+) -> list[str]:
+    """Add the tables missing from publication ``name``; returns those added."""
+    rows = await (
+        await conn.execute(
+            "select schemaname || '.' || tablename from pg_publication_tables where pubname = %s",
+            (name,),
+        )
+    ).fetchall()
+    present = {r[0] for r in rows}
+    missing = [t for t in tables if _plain(t) not in present]
+    for table in missing:
+        try:
+            await conn.execute(
+                sql.SQL("alter publication {} add table {}").format(
+                    sql.Identifier(name), _table_ident(table)
+                )
+            )
+        except psycopg.errors.DuplicateObject:
+            continue
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ReplicationError(
+                f"cannot add table {table} to publication '{name}': "
+                f"{exc.diag.message_primary}. Run ALTER PUBLICATION {name} ADD TABLE {table}; "
+                "as the table owner"
+            ) from exc
+    return missing
+
+
+def _plain(table: str) -> str:
+    schema, _, name = table.partition(".")
+    return f"{schema.strip(chr(34))}.{name.strip(chr(34))}"
+
+
+def _table_ident(table: str) -> sql.Composable:
+    schema, dot, name = table.partition(".")
+    if not dot:
+        schema, name = "public", schema
+    return sql.Identifier(schema.strip('"'), name.strip('"'))
+
+
+async def slot_state(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], slot: str
+) -> SlotState | None:
+    row = await (
+        await conn.execute(
+            "select slot_name, plugin, database, active_pid, confirmed_flush_lsn::text,"
+            " restart_lsn::text, wal_status, safe_wal_size"
+            " from pg_replication_slots where slot_name = %s",
+            (slot,),
+        )
+    ).fetchone()
+    if row is None:
+        return None
+    return SlotState(
+        name=str(row[0]),
+        plugin=row[1],  # type: ignore[arg-type]
+        database=row[2],  # type: ignore[arg-type]
+        active_pid=row[3],  # type: ignore[arg-type]
+        confirmed_flush_lsn=_lsn(row[4]),
+        restart_lsn=_lsn(row[5]),
+        wal_status=row[6],  # type: ignore[arg-type]
+        safe_wal_size=row[7],  # type: ignore[arg-type]
+    )
+
+
+def check_slot_usable(state: SlotState, slot: str, dbname: str) -> None:
+    """Raise unless ``state`` is a live pgoutput slot of database ``dbname``."""
+    if state.plugin != "pgoutput":
+        raise ReplicationError(
+            f"replication slot '{slot}' uses plugin '{state.plugin}', not 'pgoutput': choose "
+            f"another slot name, or drop it (SELECT pg_drop_replication_slot('{slot}')) if "
+            "nothing else uses it"
+        )
+    if state.database != dbname:
+        raise ReplicationError(
+            f"replication slot '{slot}' belongs to database '{state.database}', not "
+            f"'{dbname}': choose another slot name"
+        )
+    if state.wal_status == "lost":
+        raise SlotLostError(
+            f"replication slot '{slot}' was invalidated (wal_status = 'lost'): Postgres removed "
+            "WAL it still needed, so changes were lost. Drop the slot and resync every shape"
+        )
+
+
+async def create_slot(
+    repl: psycopg.AsyncConnection[tuple[object, ...]], slot: str, *, temporary: bool = False
+) -> int:
+    """Create a logical pgoutput slot over the replication connection; its consistent LSN."""
+    check_name("slot", slot)
+    temp = " TEMPORARY" if temporary else ""
+    try:
+        cur = await repl.execute(
+            f"CREATE_REPLICATION_SLOT {slot}{temp} LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+        )
+    except psycopg.errors.ObjectNotInPrerequisiteState as exc:
+        raise ReplicationError(
+            f"cannot create slot '{slot}': {exc.diag.message_primary}. Check wal_level = "
+            "logical and max_replication_slots on the source"
+        ) from exc
+    except psycopg.errors.ConfigurationLimitExceeded as exc:
+        raise ReplicationError(
+            f"cannot create slot '{slot}': {exc.diag.message_primary}. Raise "
+            "max_replication_slots on the source or drop unused slots"
+        ) from exc
+    row = await cur.fetchone()
+    assert row is not None
+    return _lsn(row[1]) or 0
