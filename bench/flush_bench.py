@@ -114,8 +114,10 @@ def bench_txn_catch_up(pending: int, iterations: int) -> Result:
 
 
 def main() -> int:
-    print(f"{'workload':<14}{'pending':>9}{'notices':>10}{'advances':>10}"
-          f"{'notices/s':>12}{'us/notice':>11}")
+    print(
+        f"{'workload':<14}{'pending':>9}{'notices':>10}{'advances':>10}"
+        f"{'notices/s':>12}{'us/notice':>11}"
+    )
     results = []
     for pending in (10, 1_000, 100_000):
         for result in (
@@ -124,9 +126,11 @@ def main() -> int:
             bench_txn_catch_up(pending, 100_000),
         ):
             results.append(result)
-            print(f"{result.workload:<14}{result.pending:>9}{result.notices:>10}"
-                  f"{result.advances:>10}{result.notices_per_second:>12,.0f}"
-                  f"{result.us_per_notice:>11.2f}")
+            print(
+                f"{result.workload:<14}{result.pending:>9}{result.notices:>10}"
+                f"{result.advances:>10}{result.notices_per_second:>12,.0f}"
+                f"{result.us_per_notice:>11.2f}"
+            )
     worst = max(r.us_per_notice for r in results if r.pending == 100_000)
     print(f"worst at 100k pending: {worst:.2f} us per notice (target < 10)")
     return 0 if worst < 10 else 1

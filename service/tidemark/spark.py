@@ -78,7 +78,7 @@ def build_session(
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession  # noqa: PLC0415 - importing pyspark is slow
+    from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**DEFAULT_CONF, **(conf or {})}.items():

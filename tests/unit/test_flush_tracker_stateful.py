@@ -84,9 +84,7 @@ class FlushPipeline(RuleBasedStateMachine):
     # -- plumbing ----------------------------------------------------------------------
 
     def _new_tracker(self) -> FlushTracker:
-        return FlushTracker(
-            self._on_notify, clock=lambda: 0.0, durable_lsn=self.confirmed or None
-        )
+        return FlushTracker(self._on_notify, clock=lambda: 0.0, durable_lsn=self.confirmed or None)
 
     def _on_notify(self, lsn: int) -> None:
         # Checked at the moment of the notification, before anything else moves.
@@ -211,8 +209,10 @@ class FlushPipeline(RuleBasedStateMachine):
         self._flush_some(data)
 
     @precondition(
-        lambda self: self.open is not None
-        and any(w.unflushed and w.alignment.in_txn for w in self.writers.values())
+        lambda self: (
+            self.open is not None
+            and any(w.unflushed and w.alignment.in_txn for w in self.writers.values())
+        )
     )
     @rule(data=st.data())
     def flush_while_a_transaction_is_open(self, data: st.DataObject) -> None:
