@@ -1,0 +1,101 @@
+"""The status-update policy: what is acknowledged, and when."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tidemark.replication.feedback import Feedback, keepalive_interval
+
+
+def test_keepalive_interval_is_a_third_of_the_timeout_capped_at_ten_seconds() -> None:
+    assert keepalive_interval(2.0) == 2.0 / 3
+    assert keepalive_interval(60.0) == 10.0
+    assert keepalive_interval(0) == 10.0  # timeout disabled
+
+
+def test_flush_never_passes_what_was_received() -> None:
+    fb = Feedback(100)
+    fb.note_durable(500)  # a (buggy) durable value beyond anything received
+    assert fb.flush_lsn == 100
+    fb.note_received(300)
+    assert fb.flush_lsn == 300
+
+
+def test_idle_point_is_acknowledged_only_up_to_the_keepalive() -> None:
+    fb = Feedback(100)
+    fb.note_keepalive(400, reply_requested=False)
+    assert fb.flush_lsn == 100  # a keepalive alone proves nothing durable
+    fb.note_idle(400)
+    assert fb.flush_lsn == 400
+
+
+def test_nothing_goes_backwards_after_sending() -> None:
+    fb = Feedback(100)
+    fb.note_received(1000)
+    fb.note_durable(800)
+    update = fb.current()
+    fb.sent(update, now=0.0)
+    fb.note_durable(200)  # late, lower notification
+    assert fb.current().flush_lsn == 800
+    assert fb.current().write_lsn == 1000
+
+
+def test_reply_requested_makes_an_update_due_at_once() -> None:
+    fb = Feedback(100, keepalive_interval_s=10)
+    fb.sent(fb.current(), now=0.0)
+    assert fb.due(now=1.0) is None
+    fb.note_keepalive(150, reply_requested=True)
+    update = fb.due(now=1.0)
+    assert update is not None and update.write_lsn == 150
+    fb.sent(update, now=1.0)
+    assert fb.due(now=1.1) is None
+
+
+def test_flush_advance_is_sent_debounced_and_keepalives_periodic() -> None:
+    fb = Feedback(100, keepalive_interval_s=5, min_interval_s=0.1)
+    fb.sent(fb.current(), now=0.0)
+    fb.note_received(200)
+    fb.note_durable(200)
+    assert fb.due(now=0.05) is None  # debounced
+    assert fb.next_deadline(now=0.05) == pytest.approx(0.05)
+    update = fb.due(now=0.2)
+    assert update is not None and update.flush_lsn == 200
+    fb.sent(update, now=0.2)
+    assert fb.due(now=5.0) is None
+    assert fb.due(now=5.3) is not None  # periodic, nothing new
+
+
+events = st.lists(
+    st.one_of(
+        st.tuples(st.just("recv"), st.integers(0, 10_000)),
+        st.tuples(st.just("durable"), st.integers(0, 10_000)),
+        st.tuples(st.just("idle"), st.integers(0, 10_000)),
+        st.tuples(st.just("send"), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@given(events)
+def test_sent_positions_are_monotonic_and_never_beyond_received(evs: list[tuple[str, int]]) -> None:
+    fb = Feedback(0)
+    received = 0
+    last = (0, 0, 0)
+    for i, (kind, value) in enumerate(evs):
+        if kind == "recv":
+            fb.note_received(value)
+            received = max(received, value)
+        elif kind == "durable":
+            fb.note_durable(value)
+        elif kind == "idle":
+            fb.note_idle(value)
+        else:
+            update = fb.current()
+            assert update.flush_lsn <= received
+            assert update.apply_lsn == update.flush_lsn
+            now = (update.write_lsn, update.flush_lsn, update.apply_lsn)
+            assert all(a >= b for a, b in zip(now, last, strict=True))
+            fb.sent(update, float(i))
+            last = now
