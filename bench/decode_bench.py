@@ -101,8 +101,8 @@ def decode_synthetic(n: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
+def main(n: int = 200_000) -> None:
+    print("== decode: synthetic Begin/Relation/N x Insert/Commit, 4 columns ==")
     result = decode_synthetic(n)
     print(
         f"decoded {result['messages']:.0f} messages: "
@@ -114,4 +114,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 200_000)

@@ -1,0 +1,53 @@
+"""``make bench``: every performance figure tidemark promises, measured in one run.
+
+Usage: ``python -m bench [section ...] [--rows N]``. Sections run in the order
+given (default: all). Figures that compare with ``pg_recvlogical`` measure it in
+the same run, on the same WAL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+SECTIONS = ("replication", "decode", "flush", "routing")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("sections", nargs="*", metavar="section", help=", ".join(SECTIONS))
+    parser.add_argument("--rows", type=int, default=1_000_000, help="inserts for stream benches")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    sections = args.sections or list(SECTIONS)
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; choose from {SECTIONS}")
+    started = time.perf_counter()
+    status = 0
+    for section in sections:
+        print()
+        if section == "replication":
+            from bench import replication_bench
+
+            replication_bench.main(args.rows)
+        elif section == "decode":
+            from bench import decode_bench
+
+            decode_bench.main()
+        elif section == "flush":
+            from bench import flush_bench
+
+            status |= flush_bench.main() or 0
+        elif section == "routing":
+            from bench import routing_bench
+
+            routing_bench.main()
+    print(f"\nbench finished in {time.perf_counter() - started:.0f}s")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
