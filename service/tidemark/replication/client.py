@@ -34,6 +34,7 @@ import psycopg
 import structlog
 from psycopg import pq
 
+from tidemark.aio import wait_event, within
 from tidemark.conninfo import redact_dsn, redact_text
 from tidemark.errors import ReplicationError, SlotLostError, TidemarkError
 from tidemark.lsn import format_lsn
@@ -477,8 +478,7 @@ class ReplicationClient:
                 await self._send(update)
                 continue
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), feedback.next_deadline(now) + 0.001)
+            await wait_event(self._wake, feedback.next_deadline(now) + 0.001)
 
     async def _send(self, update: StatusUpdate) -> None:
         conn = self._conn
@@ -532,11 +532,7 @@ class ReplicationClient:
         )
         add(fd, ready)
         try:
-            if timeout is None:
-                await fut
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(fut, timeout)
+            await within(fut, timeout)
         finally:
             remove(fd)
 

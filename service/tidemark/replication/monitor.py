@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import psycopg
 import structlog
 
+from tidemark.aio import wait_event
 from tidemark.conninfo import redact_text
 from tidemark.lsn import Lsn, format_lsn
 from tidemark.replication.feedback import StatusUpdate
@@ -239,8 +240,7 @@ class ReplicationMonitor:
                     await self._close()
                 period = 0.1 if self._waiters else self.period_s
                 self._poke.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._poke.wait(), period)
+                await wait_event(self._poke, period)
         finally:
             await self._close()
 
@@ -260,8 +260,8 @@ class ReplicationMonitor:
         self._waiters += 1
         self._poke.set()
         try:
-            async with self._changed:
-                await asyncio.wait_for(self._changed.wait_for(reached), timeout)
+            async with asyncio.timeout(timeout), self._changed:
+                await self._changed.wait_for(reached)
             return self.state.last
         except TimeoutError:
             return None
