@@ -257,3 +257,23 @@ def test_reports_increase_stay_within_ended_transactions_and_reach_the_last(
     if ended is not None:
         assert reports and reports[-1] == ended
         assert writer.is_idle
+
+
+def test_aborted_open_transaction_is_forgotten_and_can_be_received_again() -> None:
+    # given a writer with one closed transaction and one open when the stream restarts
+    align = TxnAlignment()
+    align.begin_txn()
+    align.record_written(LogOffset(100, 3))
+    assert align.end_txn(LogOffset(100, 5)) is None
+    align.begin_txn()
+    align.record_written(LogOffset(200, 1))
+    # when the open transaction is aborted and Postgres sends it again
+    align.abort_txn()
+    assert not align.in_txn
+    align.begin_txn()
+    align.record_written(LogOffset(200, 1))  # same offset accepted again
+    assert align.end_txn(LogOffset(200, 4)) is None
+    # then flushes align to both transactions' boundaries as usual
+    assert align.on_flushed(LogOffset(100, 3)) == LogOffset(100, 5)
+    assert align.on_flushed(LogOffset(200, 1)) == LogOffset(200, 4)
+    assert align.is_idle

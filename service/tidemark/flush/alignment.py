@@ -54,6 +54,7 @@ class TxnAlignment:
         "_last_written",
         "_open_first",
         "_open_last",
+        "_written_before_txn",
     )
 
     def __init__(self) -> None:
@@ -67,6 +68,7 @@ class TxnAlignment:
         self._last_boundary: LogOffset | None = None
         self._flushed: LogOffset | None = None
         self._held: LogOffset | None = None
+        self._written_before_txn: LogOffset | None = None
 
     def begin_txn(self) -> None:
         """The first fragment of a transaction routed to this writer arrived."""
@@ -76,6 +78,21 @@ class TxnAlignment:
                 "on its commit first (one transaction at a time per writer)"
             )
         self._in_txn = True
+        self._written_before_txn = self._last_written
+
+    def abort_txn(self) -> None:
+        """Forget the open transaction: the stream restarted and will send it again.
+
+        Its rows were never committed (writers commit at transaction boundaries), so
+        nothing of it was reported; a notice held for it is dropped with it.
+        """
+        if not self._in_txn:
+            return
+        self._in_txn = False
+        self._open_first = None
+        self._open_last = None
+        self._last_written = self._written_before_txn
+        self._held = None
 
     def record_written(self, offset: LogOffset) -> None:
         """The writer buffered rows of the open transaction up to ``offset``."""

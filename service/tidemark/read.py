@@ -1,0 +1,144 @@
+"""Reading shape tables with plain Spark: the changelog, and the state as of an LSN.
+
+Works without the Delta jar: the Delta snapshot is resolved with ``deltalake``
+and Spark reads exactly its files as Parquet. (With the Delta jar, Spark reads
+the tables natively; the fold below applies the same way.)
+
+The fold ("current state as of LSN L") of a shape's changelog:
+
+* only rows with ``_lsn <= L``;
+* rows ordered by ``(snapshot rows first, _lsn, _op)``;
+* a ``truncate`` row removes every row ordered before it;
+* per primary key, the last row wins; if it is a ``delete`` the key is gone;
+* a column listed in a row's ``_unchanged`` (unchanged TOAST, not sent) takes the
+  value of the key's previous row.
+
+``snapshot(shapes, as_of)`` folds several shapes at one LSN and refuses an LSN
+beyond any requested shape's frontier (``_tidemark/frontiers.json``), so a
+multi-shape read is consistent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tidemark.errors import SinkError
+from tidemark.lsn import format_lsn
+from tidemark.sink.frontiers import load_frontiers
+from tidemark.sink.schema import KIND, LSN, METADATA_NAMES, OP, UNCHANGED
+from tidemark.sink.table import ShapeTable
+
+SNAPSHOT = "snapshot"
+TRUNCATE = "truncate"
+DELETE = "delete"
+
+
+def changelog(spark: Any, root: str | Path, shape: str) -> Any:
+    """The shape's table as a DataFrame of change rows (every version of every row)."""
+    table = ShapeTable(root, shape)
+    if not table.exists():
+        raise SinkError(
+            f"shape '{shape}' has no table under {root}: is the name right, "
+            "and has tidemark committed anything for it yet?"
+        )
+    files = table.file_uris()
+    from tidemark.sink.schema import spark_schema
+
+    schema = spark_schema(table.arrow_schema())
+    if not files:
+        return spark.createDataFrame([], schema)
+    # the Delta schema is the union of all files' schemas (columns added later)
+    return spark.read.schema(schema).parquet(*files)
+
+
+def fold(
+    frame: Any, primary_key: Sequence[str], as_of: int | None = None, scope: Sequence[str] = ()
+) -> Any:
+    """The current state of a changelog DataFrame (see the module docstring).
+
+    ``scope`` names columns that separate independent changelogs in one frame (e.g.
+    several shapes unioned with a shape column): a truncate clears only its own
+    scope. The scope columns must be part of ``primary_key``.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if as_of is not None:
+        frame = frame.where(F.col(LSN) <= F.lit(as_of))
+    stream_flag = F.when(F.col(KIND) == SNAPSHOT, F.lit(0)).otherwise(F.lit(1))
+    frame = frame.withColumn(
+        "__order", F.struct(stream_flag.alias("s"), F.col(LSN).alias("l"), F.col(OP).alias("o"))
+    )
+    truncates = frame.where(F.col(KIND) == TRUNCATE)
+    if scope:
+        last_truncate = truncates.groupBy(*scope).agg(F.max("__order").alias("__t"))
+        frame = frame.where(F.col(KIND) != TRUNCATE).join(last_truncate, list(scope), "left")
+    else:
+        last_truncate = truncates.agg(F.max("__order").alias("__t"))
+        frame = frame.where(F.col(KIND) != TRUNCATE).join(last_truncate, how="cross")
+    frame = frame.where(F.col("__t").isNull() | (F.col("__order") > F.col("__t"))).drop("__t")
+
+    skip = {*METADATA_NAMES, "__order", *primary_key}
+    value_columns = [c for c in frame.columns if c not in skip]
+    keys = [F.col(k) for k in primary_key]
+    history = (
+        Window.partitionBy(*keys)
+        .orderBy("__order")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    unchanged = F.coalesce(F.col(UNCHANGED), F.array().cast("array<string>"))
+    carried = []
+    for name in value_columns:
+        col = F.col(f"`{name}`")
+        is_unchanged = F.array_contains(unchanged, name)
+        # struct() keeps real NULLs: only "unchanged" rows are skipped by ignorenulls
+        previous = F.last(F.when(~is_unchanged, F.struct(col.alias("v"))), ignorenulls=True)
+        carried.append(
+            F.when(is_unchanged, previous.over(history).getField("v")).otherwise(col).alias(name)
+        )
+    latest = Window.partitionBy(*keys).orderBy(F.col("__order").desc())
+    out = frame.select(
+        *[F.col(f"`{k}`") for k in primary_key],
+        *carried,
+        F.col(KIND),
+        F.col(LSN),
+        F.col(OP),
+        "__order",
+    )
+    out = out.withColumn("__rank", F.row_number().over(latest))
+    out = out.where((F.col("__rank") == 1) & (F.col(KIND) != DELETE))
+    ordered = [c for c in frame.columns if c not in METADATA_NAMES and c != "__order"]
+    return out.select(*[F.col(f"`{c}`") for c in ordered], F.col(LSN))
+
+
+def current(spark: Any, root: str | Path, shape: str, as_of: int | None = None) -> Any:
+    """The shape's rows as of ``as_of`` (default: everything committed)."""
+    table = ShapeTable(root, shape)
+    frame = changelog(spark, root, shape)
+    return fold(frame, table.primary_key(), as_of)
+
+
+def frontier_of(root: str | Path, shape: str) -> int | None:
+    frontiers = load_frontiers(root)
+    if frontiers is None or shape not in frontiers.shapes:
+        return None
+    entry = frontiers.shapes[shape]
+    return entry.frontier_lsn if entry.ready else None
+
+
+def snapshot(spark: Any, root: str | Path, shapes: Sequence[str], as_of: int) -> dict[str, Any]:
+    """Every shape folded as of ``as_of``; refuses an LSN beyond any shape's frontier."""
+    behind = []
+    for shape in shapes:
+        frontier = frontier_of(root, shape)
+        if frontier is None or frontier < as_of:
+            behind.append(f"{shape} (frontier {format_lsn(frontier) if frontier else 'none'})")
+    if behind:
+        raise SinkError(
+            f"cannot read as of {format_lsn(as_of)}: not every shape is complete that far: "
+            f"{', '.join(behind)}. Wait for the frontiers (tidemark wait --lsn) or read "
+            "as of an earlier LSN"
+        )
+    return {shape: current(spark, root, shape, as_of) for shape in shapes}

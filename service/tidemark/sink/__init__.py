@@ -1,0 +1,1 @@
+"""The lake side: one Delta table per shape, committed offsets, frontiers."""

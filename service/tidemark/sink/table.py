@@ -1,0 +1,351 @@
+"""One shape's Delta table and its commit protocol.
+
+Layout under the sink root::
+
+    <root>/tables/<shape>/_delta_log/...        the Delta log
+    <root>/tables/<shape>/data/<batch-uuid>/     Parquet files written by Spark
+
+A batch is written by Spark into a fresh ``data/<batch-uuid>/`` folder, then one
+Delta commit (``deltalake``) adds exactly those files. The commit carries the
+application transaction ``(tidemark:<shape>, end_lsn)``, where ``end_lsn`` is the
+commit LSN of the batch's last transaction, plus commit metadata (end LSN, row
+counts). Files not in the log are invisible to every reader, so a crash before
+the commit leaves nothing half-visible; ``vacuum`` later removes such leftovers.
+
+Idempotence: before committing, the table's transaction version for our app id is
+checked; a batch at or below it was committed already (a replay) and is skipped.
+On start, that version is the shape's committed offset: the collector drops every
+transaction at or below it. Commits happen at transaction boundaries only.
+
+The table's metadata description holds JSON with the primary key and the shape
+definition (the Delta kernel refuses custom configuration keys), so a reader needs
+nothing but the table to fold it (``tidemark.read``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import structlog
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction, RemoveAction
+
+from tidemark.errors import SinkError
+from tidemark.sink.schema import LSN, OP
+
+log = structlog.get_logger("tidemark.sink")
+
+APP_PREFIX = "tidemark:"
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """A Parquet file inside a table folder, ready to be added by a commit."""
+
+    path: str  # relative to the table root, '/'-separated
+    size: int
+    num_rows: int
+    modification_time_ms: int
+    stats: str  # Delta statistics JSON
+
+
+def tables_dir(root: str | Path) -> Path:
+    return Path(root) / "tables"
+
+
+def table_path(root: str | Path, shape: str) -> Path:
+    return tables_dir(root) / shape
+
+
+def _file_stats(path: Path) -> tuple[int, str]:
+    """Row count and Delta stats (min/max/nulls of ``_lsn``/``_op``) from a footer."""
+    meta = pq.read_metadata(path)
+    names = meta.schema.names
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for column in (LSN, OP):
+        if column not in names:
+            continue
+        idx = names.index(column)
+        lo = hi = None
+        null_count = 0
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(idx).statistics
+            if st is None or not st.has_min_max:
+                lo = hi = None
+                break
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+            null_count += st.null_count or 0
+        if lo is not None:
+            mins[column], maxs[column], nulls[column] = lo, hi, null_count
+    stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return meta.num_rows, json.dumps(stats)
+
+
+class ShapeTable:
+    """The Delta table of one shape. Thread-safe: Spark jobs commit from worker threads."""
+
+    def __init__(self, root: str | Path, shape: str) -> None:
+        self.root = Path(root)
+        self.shape = shape
+        self.path = table_path(root, shape)
+        self.uri = str(self.path)
+        self.app_id = APP_PREFIX + shape
+        self._lock = threading.RLock()
+        self._dt: DeltaTable | None = None
+
+    # -- existence and creation -------------------------------------------
+
+    def exists(self) -> bool:
+        return DeltaTable.is_deltatable(self.uri)
+
+    def create(
+        self,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        definition: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create the table (idempotent when it exists with a compatible schema)."""
+        with self._lock:
+            if self.exists():
+                self.ensure_columns(schema)
+                return
+            self.path.mkdir(parents=True, exist_ok=True)
+            description = json.dumps(
+                {"tidemark": {"primary_key": list(primary_key), "shape": dict(definition or {})}},
+                sort_keys=True,
+            )
+            try:
+                self._dt = DeltaTable.create(
+                    self.uri,
+                    schema=schema,
+                    mode="error",
+                    name=self.shape,
+                    description=description,
+                )
+            except Exception as exc:
+                raise SinkError(
+                    f"cannot create the Delta table of shape '{self.shape}' at {self.uri}: {exc}"
+                ) from exc
+            log.info("table.created", shape=self.shape, path=self.uri)
+
+    def table(self) -> DeltaTable:
+        with self._lock:
+            if self._dt is None:
+                if not self.exists():
+                    raise SinkError(f"shape '{self.shape}' has no table at {self.uri} yet")
+                self._dt = DeltaTable(self.uri)
+            return self._dt
+
+    def refresh(self) -> DeltaTable:
+        with self._lock:
+            self._dt = None
+            return self.table()
+
+    # -- what is committed --------------------------------------------------
+
+    def committed_lsn(self) -> int | None:
+        """The end LSN of the last committed batch (the shape's committed offset)."""
+        if not self.exists():
+            return None
+        with self._lock:
+            dt = self.table()
+            dt.update_incremental()
+            return dt.transaction_version(self.app_id)
+
+    def described(self) -> dict[str, Any]:
+        """What tidemark recorded about the shape when it created the table."""
+        text = self.table().metadata().description or "{}"
+        try:
+            return dict(json.loads(text).get("tidemark") or {})
+        except (ValueError, AttributeError) as exc:
+            raise SinkError(
+                f"table {self.uri} was not created by tidemark "
+                "(its description is not tidemark's JSON)"
+            ) from exc
+
+    def primary_key(self) -> list[str]:
+        return list(self.described().get("primary_key") or [])
+
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema(self.table().schema().to_arrow())
+
+    def ensure_columns(self, schema: pa.Schema) -> list[str]:
+        """Add the fields of ``schema`` the table lacks; returns their names."""
+        with self._lock:
+            current = set(self.arrow_schema().names)
+            added = [f for f in schema if f.name not in current]
+            if added:
+                from deltalake.schema import Field
+
+                self.table().alter.add_columns(
+                    [Field.from_arrow(f) for f in added]
+                )
+                log.info("table.columns_added", shape=self.shape, columns=[f.name for f in added])
+            return [f.name for f in added]
+
+    # -- writing ------------------------------------------------------------
+
+    def new_batch_dir(self) -> tuple[str, Path]:
+        """A fresh ``data/<uuid>`` folder name (relative) and its absolute path."""
+        rel = f"data/{uuid.uuid4()}"
+        return rel, self.path / rel
+
+    def files_in(self, rel_dir: str) -> list[DataFile]:
+        """The Parquet files Spark wrote under ``rel_dir``; Spark's .crc files removed."""
+        folder = self.path / rel_dir
+        out = []
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.name.endswith(".crc"):
+                os.unlink(entry.path)
+                continue
+            if not entry.name.endswith(".parquet") or entry.name.startswith((".", "_")):
+                continue
+            st = entry.stat()
+            rows, stats = _file_stats(Path(entry.path))
+            if rows == 0:
+                continue
+            out.append(
+                DataFile(
+                    f"{rel_dir}/{entry.name}", st.st_size, rows, int(st.st_mtime * 1000), stats
+                )
+            )
+        return out
+
+    def commit(
+        self,
+        files: Sequence[DataFile],
+        end_lsn: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> int | None:
+        """Add ``files`` in one commit tagged ``(app_id, end_lsn)``.
+
+        Returns the new table version, or None when ``end_lsn`` was committed already.
+        """
+        with self._lock:
+            dt = self.table()
+            dt.update_incremental()
+            done = dt.transaction_version(self.app_id)
+            if done is not None and end_lsn <= done:
+                log.info(
+                    "commit.skipped_replay", shape=self.shape, end_lsn=end_lsn, committed_lsn=done
+                )
+                return None
+            actions = [
+                AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in files
+            ]
+            custom = {
+                "tidemark.endLsn": str(end_lsn),
+                "tidemark.rows": str(sum(f.num_rows for f in files)),
+                "tidemark.files": str(len(files)),
+                **{k: str(v) for k, v in (metadata or {}).items()},
+            }
+            dt.create_write_transaction(
+                actions,  # type: ignore[arg-type]
+                mode="append",
+                schema=dt.schema(),
+                commit_properties=CommitProperties(
+                    custom_metadata=custom,
+                    app_transactions=[Transaction(self.app_id, end_lsn)],
+                ),
+            )
+            dt.update_incremental()
+            return dt.version()
+
+    def replace_all(
+        self,
+        files: Sequence[DataFile],
+        end_lsn: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> int:
+        """One commit that removes every current file and adds ``files`` (resync)."""
+        with self._lock:
+            dt = self.table()
+            dt.update_incremental()
+            now = int(time.time() * 1000)
+            removes = [
+                RemoveAction(path, True, now, size, {}) for path, size in self._active_files(dt)
+            ]
+            adds = [
+                AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in files
+            ]
+            done = dt.transaction_version(self.app_id) or 0
+            custom = {
+                "tidemark.endLsn": str(end_lsn),
+                "tidemark.operation": "resync",
+                **{k: str(v) for k, v in (metadata or {}).items()},
+            }
+            dt.create_write_transaction(
+                [*removes, *adds],
+                mode="append",
+                schema=dt.schema(),
+                commit_properties=CommitProperties(
+                    custom_metadata=custom,
+                    app_transactions=[Transaction(self.app_id, max(done, end_lsn))],
+                ),
+            )
+            dt.update_incremental()
+            return dt.version()
+
+    @staticmethod
+    def _active_files(dt: DeltaTable) -> list[tuple[str, int]]:
+        actions = pa.table(dt.get_add_actions(flatten=False))
+        return list(
+            zip(
+                actions.column("path").to_pylist(),
+                actions.column("size_bytes").to_pylist(),
+                strict=True,
+            )
+        )
+
+    def active_files(self) -> list[str]:
+        with self._lock:
+            dt = self.table()
+            dt.update_incremental()
+            return [p for p, _ in self._active_files(dt)]
+
+    def file_uris(self) -> list[str]:
+        with self._lock:
+            dt = self.table()
+            dt.update_incremental()
+            return list(dt.file_uris())
+
+    # -- maintenance --------------------------------------------------------
+
+    def compact(self, target_size: int = 128 * 1024 * 1024) -> dict[str, Any]:
+        """Rewrite small files into larger ones (one commit; data unchanged)."""
+        with self._lock:
+            metrics = self.table().optimize.compact(target_size=target_size)
+            log.info(
+                "table.compacted",
+                shape=self.shape,
+                added=metrics.get("numFilesAdded"),
+                removed=metrics.get("numFilesRemoved"),
+            )
+            return metrics
+
+    def vacuum(self, retention_hours: int = 24) -> list[str]:
+        """Delete files no commit references (failed batches) and tombstones older than
+        ``retention_hours``. In-flight batches are younger than that."""
+        with self._lock:
+            deleted = self.table().vacuum(
+                retention_hours=retention_hours,
+                dry_run=False,
+                enforce_retention_duration=False,
+                full=True,
+            )
+            if deleted:
+                log.info("table.vacuumed", shape=self.shape, files=len(deleted))
+            return list(deleted)

@@ -1,0 +1,50 @@
+"""Buffered rows to an Arrow table, one whole column at a time.
+
+The values of each output column are gathered with one ``zip(*rows)`` and
+converted by ``tidemark.pgoutput.values.to_arrow`` (Arrow casts the text in bulk);
+per-transaction metadata runs are expanded with list repetition. No per-value
+Python work happens here except replacing UNCHANGED_TOAST markers by NULL in the
+rare batches that have them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from tidemark.pgoutput.messages import UNCHANGED_TOAST
+from tidemark.pgoutput.values import to_arrow
+from tidemark.sink.schema import ColumnSpec
+from tidemark.writers.buffer import Rows
+
+PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
+
+
+def build_table(schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows) -> pa.Table:
+    n = len(rows)
+    columns = list(zip(*rows.values, strict=True)) if n else [() for _ in specs]
+    if len(columns) != len(specs):
+        raise ValueError(f"rows have {len(columns)} values, the shape has {len(specs)} columns")
+    arrays: list[pa.Array] = []
+    for spec, column in zip(specs, columns, strict=True):
+        values: Sequence[object] = column
+        if rows.has_unchanged:
+            values = [None if v is UNCHANGED_TOAST else v for v in column]
+        arrays.append(to_arrow(values, spec.type_oid, spec.type_modifier))  # type: ignore[arg-type]
+    lsns: list[int] = []
+    xids: list[int] = []
+    stamps: list[int] = []
+    for lsn, xid, commit_ts, count in rows.runs:
+        lsns += [lsn] * count
+        xids += [xid] * count
+        stamps += [commit_ts + PG_EPOCH_US] * count
+    if len(lsns) != n:
+        raise ValueError(f"metadata runs cover {len(lsns)} rows, the batch has {n}")
+    arrays.append(pa.array(lsns, pa.int64()))
+    arrays.append(pa.array(rows.ops, pa.int32()))
+    arrays.append(pa.array(rows.kinds, pa.string()))
+    arrays.append(pa.array(xids, pa.int64()))
+    arrays.append(pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")))
+    arrays.append(pa.array(rows.unchanged, pa.list_(pa.string())))
+    return pa.Table.from_arrays(arrays, schema=schema)

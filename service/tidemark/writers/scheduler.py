@@ -1,0 +1,260 @@
+"""When shapes flush, how many Spark jobs run at once, and backpressure.
+
+A shape is *due* when its ready rows reach ``max_rows``, its ready bytes reach
+``max_bytes``, or its oldest ready row is ``max_age_s`` old. When one shape is
+due, every other shape with ready rows older than ``coalesce_age_s`` joins the
+round, so the global boundary moves in steps rather than one shape at a time.
+Jobs run in worker threads (``asyncio.to_thread``) with at most ``concurrency``
+at once and at most one per shape (a shape's commits stay in order); stream
+flushes go before backfill work.
+
+Memory: buffered bytes across all writers are bounded by ``memory_budget``. Above
+it, ``wait_for_room`` blocks the consumer (so the replication reader stops
+reading the socket) and the biggest writers flush first; a transaction whose own
+open rows exceed ``stage_bytes`` is staged to Parquet (written, not committed)
+so a huge transaction never needs its size in RAM.
+
+A job that fails stops the scheduler with the error: nothing of that batch was
+acknowledged, and the service exits for its supervisor to restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from tidemark.aio import wait_event
+from tidemark.writers.buffer import Batch
+from tidemark.writers.job import CommitResult, commit_batch, write_parquet
+from tidemark.writers.writer import ShapeWriter
+
+log = structlog.get_logger("tidemark.writers")
+
+
+@dataclass(frozen=True, slots=True)
+class FlushPolicy:
+    max_rows: int = 200_000
+    max_bytes: int = 128 * 1024 * 1024
+    max_age_s: float = 1.0
+    coalesce_age_s: float = 0.25
+    concurrency: int = 2
+    memory_budget: int = 1024 * 1024 * 1024
+    stage_bytes: int = 256 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    commits: int = 0
+    rows_committed: int = 0
+    stage_jobs: int = 0
+    replays_skipped: int = 0
+    backpressure_waits: int = 0
+    last_results: list[CommitResult] = field(default_factory=list)
+
+
+class FlushScheduler:
+    def __init__(
+        self,
+        spark: Any,
+        policy: FlushPolicy | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_commit: Callable[[CommitResult], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.policy = policy or FlushPolicy()
+        self.writers: dict[str, ShapeWriter] = {}
+        self.stats = SchedulerStats()
+        self._clock = clock
+        self._on_commit = on_commit
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._slots = asyncio.Semaphore(self.policy.concurrency)
+        self._jobs: set[asyncio.Task[None]] = set()
+        self._failure: BaseException | None = None
+        self._flush_all_requested = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- writers ------------------------------------------------------------------
+
+    def add(self, writer: ShapeWriter) -> None:
+        self.writers[writer.shape] = writer
+
+    def remove(self, shape: str) -> ShapeWriter | None:
+        return self.writers.pop(shape, None)
+
+    # -- signals from the stream ----------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        # rows handed to a job stay in memory until it finishes: they count too
+        return sum(w.buffer.nbytes + w.in_flight_bytes for w in self.writers.values())
+
+    def poke(self) -> None:
+        """Something was appended or committed: re-evaluate soon."""
+        self._wake.set()
+
+    async def wait_for_room(self) -> None:
+        """Return when buffered bytes are under the memory budget (backpressure)."""
+        if self.buffered_bytes < self.policy.memory_budget:
+            return
+        self.stats.backpressure_waits += 1
+        self._room.clear()
+        self._wake.set()
+        while self.buffered_bytes >= self.policy.memory_budget:
+            self._raise_failure()
+            self._room.clear()
+            await self._room.wait()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Start due jobs until cancelled; raises the first job failure."""
+        while True:
+            self._raise_failure()
+            self._start_due_jobs()
+            self._wake.clear()
+            await wait_event(self._wake, self._next_deadline())
+
+    def _next_deadline(self) -> float:
+        now = self._clock()
+        soonest = 1.0
+        for writer in self.writers.values():
+            since = writer.buffer.ready_since
+            if since is not None and not writer.in_flight:
+                soonest = min(soonest, max(0.0, since + self.policy.max_age_s - now))
+        return max(soonest, 0.005)
+
+    def _due(self, writer: ShapeWriter, now: float, pressure: bool) -> bool:
+        buf = writer.buffer
+        since = buf.ready_since
+        if since is None:
+            return False
+        p = self.policy
+        return (
+            self._flush_all_requested
+            or pressure
+            or buf.ready_rows >= p.max_rows
+            or buf.ready_bytes >= p.max_bytes
+            or now - since >= p.max_age_s
+        )
+
+    def _start_due_jobs(self) -> None:
+        now = self._clock()
+        pressure = self.buffered_bytes >= self.policy.memory_budget
+        due = [w for w in self.writers.values() if not w.in_flight and self._due(w, now, pressure)]
+        if due:
+            joiners = [
+                w
+                for w in self.writers.values()
+                if not w.in_flight
+                and w not in due
+                and w.buffer.ready_since is not None
+                and now - w.buffer.ready_since >= self.policy.coalesce_age_s
+            ]
+            due += joiners
+        # stream work first, then backfill; biggest buffers first under pressure
+        due.sort(key=lambda w: (w.backfill, -w.buffer.nbytes))
+        for writer in due:
+            batch = writer.take_batch()
+            if batch is None:
+                continue
+            self._launch(writer, self._flush(writer, batch), batch.rows.nbytes)
+        for writer in self.writers.values():
+            if not writer.in_flight and writer.buffer.open_bytes >= self.policy.stage_bytes:
+                taken = writer.buffer.take_open_rows()
+                if taken is not None:
+                    self._launch(writer, self._stage(writer, *taken), taken[1].nbytes)
+
+    def _launch(self, writer: ShapeWriter, job: Any, nbytes: int) -> None:
+        writer.in_flight = True
+        writer.in_flight_bytes = nbytes
+        self._idle.clear()
+        task = asyncio.create_task(job, name=f"flush-{writer.shape}")
+        self._jobs.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._jobs.discard(t)
+            writer.in_flight = False
+            writer.in_flight_bytes = 0
+            if not t.cancelled() and t.exception() is not None and self._failure is None:
+                self._failure = t.exception()
+                log.error("flush.failed", shape=writer.shape, error=repr(t.exception()))
+            if not self._jobs:
+                self._idle.set()
+            self._room.set()
+            self._wake.set()
+
+        task.add_done_callback(done)
+
+    async def _flush(self, writer: ShapeWriter, batch: Batch) -> None:
+        async with self._slots:
+            result = await asyncio.to_thread(
+                commit_batch, self.spark, writer.table, writer.schema, writer.columns, batch
+            )
+        writer.batch_committed(batch, result.version)
+        stats = self.stats
+        if result.version is None:
+            stats.replays_skipped += 1
+        else:
+            stats.commits += 1
+            stats.rows_committed += result.rows
+        stats.last_results = [*stats.last_results[-63:], result]
+        log.debug(
+            "flush.committed",
+            shape=result.shape,
+            rows=result.rows,
+            end_lsn=result.end_lsn,
+            version=result.version,
+            write_s=round(result.write_seconds, 3),
+        )
+        if self._on_commit is not None:
+            self._on_commit(result)
+
+    async def _stage(self, writer: ShapeWriter, lsn: int, rows: Any) -> None:
+        async with self._slots:
+            files = await asyncio.to_thread(
+                write_parquet, self.spark, writer.table, writer.schema, writer.columns, rows
+            )
+        writer.buffer.attach_staged(lsn, files)
+        self.stats.stage_jobs += 1
+        log.info("txn.staged", shape=writer.shape, lsn=lsn, rows=len(rows), files=len(files))
+
+    # -- draining -----------------------------------------------------------------------
+
+    async def flush_all(self) -> None:
+        """Commit everything ready now (shutdown, tests); wait for running jobs."""
+        self._flush_all_requested = True
+        try:
+            while True:
+                self._raise_failure()
+                self._start_due_jobs()
+                if not self._jobs:
+                    if not any(w.buffer.ready_since is not None for w in self.writers.values()):
+                        return
+                    await asyncio.sleep(0)  # a job's done-callback is about to run
+                    continue
+                await asyncio.wait(set(self._jobs))
+        finally:
+            self._flush_all_requested = False
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+        self._raise_failure()
+
+    def pending(self) -> bool:
+        """Rows buffered or being written anywhere."""
+        return bool(self._jobs) or any(
+            w.buffer.ready_since is not None or w.in_txn for w in self.writers.values()
+        )

@@ -1,0 +1,122 @@
+"""One logical writer per shape: buffer, transaction alignment, committed offset.
+
+The collector drives it on the event loop:
+
+``begin_txn(lsn, xid, ts)`` -> ``append(...)``* -> ``end_txn(txn_last_offset)``
+
+A transaction at or below the shape's committed offset (read back from the sink
+at start) was committed before a restart: ``begin_txn`` returns False and the
+collector leaves the shape out of that transaction entirely (not "affected").
+
+The flush side (``FlushScheduler``) takes batches with ``take_batch`` and, after
+the sink commit, calls ``batch_committed``; flush notices aligned to transaction
+boundaries (``tidemark.flush.alignment``) go to ``report(shape, offset)``, which
+the service wires to ``FlushTracker.handle_flush_notification``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from tidemark.flush.alignment import TxnAlignment
+from tidemark.lsn import LogOffset
+from tidemark.pgoutput.messages import Value
+from tidemark.sink.schema import ColumnSpec, table_schema
+from tidemark.sink.table import ShapeTable
+from tidemark.writers.buffer import Batch, ShapeBuffer
+
+Report = Callable[[str, LogOffset], None]
+
+
+class ShapeWriter:
+    def __init__(
+        self,
+        table: ShapeTable,
+        columns: list[ColumnSpec],
+        report: Report,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.shape = table.shape
+        self.table = table
+        self.columns = columns
+        self.schema: pa.Schema = table_schema(columns)
+        self.buffer = ShapeBuffer(self.shape)
+        self.alignment = TxnAlignment()
+        self.committed_lsn: int | None = table.committed_lsn()
+        self._report = report
+        self._clock = clock
+        self._accepting = False
+        self.rows_committed = 0
+        self.commits = 0
+        self.in_flight = False  # a flush or staging job is running for this shape
+        self.in_flight_bytes = 0  # buffered bytes that job holds until it finishes
+        self.backfill = False  # issue 9: snapshot work has lower priority
+
+    # -- schema -----------------------------------------------------------------
+
+    def set_columns(self, columns: list[ColumnSpec]) -> None:
+        """The shape's output columns changed (a column was added upstream)."""
+        self.columns = columns
+        self.schema = table_schema(columns)
+
+    # -- stream side ------------------------------------------------------------
+
+    def begin_txn(self, lsn: int, xid: int, commit_ts: int) -> bool:
+        """Start a transaction; False if the sink already has it (a replay)."""
+        if self.committed_lsn is not None and lsn <= self.committed_lsn:
+            self._accepting = False
+            return False
+        self._accepting = True
+        self.buffer.begin_txn(lsn, xid, commit_ts)
+        self.alignment.begin_txn()
+        return True
+
+    def append(
+        self,
+        op: int,
+        kind: str,
+        values: tuple[Value, ...],
+        unchanged: list[str] | None,
+        size_hint: int,
+    ) -> None:
+        self.buffer.append(op, kind, values, unchanged, size_hint)
+        self.alignment.record_written(LogOffset(self.buffer.open_lsn or 0, op))
+
+    def end_txn(self, txn_last_offset: LogOffset) -> None:
+        """The transaction committed; the tracker has seen its commit already."""
+        if not self._accepting:
+            return
+        self._accepting = False
+        self.buffer.end_txn(self._clock())
+        held = self.alignment.end_txn(txn_last_offset)
+        if held is not None:
+            self._report(self.shape, held)
+
+    def abort_txn(self) -> None:
+        """The stream restarted mid-transaction: drop its rows (they come again)."""
+        if self._accepting:
+            self.buffer.abort_txn()
+            self.alignment.abort_txn()
+            self._accepting = False
+
+    @property
+    def in_txn(self) -> bool:
+        return self._accepting
+
+    # -- flush side ---------------------------------------------------------------
+
+    def take_batch(self) -> Batch | None:
+        return self.buffer.take_batch()
+
+    def batch_committed(self, batch: Batch, version: int | None) -> None:
+        """The sink committed ``batch`` (or had it already: version None)."""
+        self.committed_lsn = max(self.committed_lsn or 0, batch.end_lsn)
+        self.rows_committed += batch.row_count
+        self.commits += version is not None
+        notice = self.alignment.on_flushed(batch.last_offset)
+        if notice is not None:
+            self._report(self.shape, notice)

@@ -1,0 +1,99 @@
+"""Drive writers the way the collector does, and model what a fold must return."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tidemark.flush.tracker import CommitFragment, FlushTracker
+from tidemark.lsn import LogOffset
+from tidemark.sink.schema import ColumnSpec, table_schema
+from tidemark.sink.table import ShapeTable
+from tidemark.writers.writer import ShapeWriter
+
+ITEM_COLUMNS = [ColumnSpec("id", 23), ColumnSpec("name", 25), ColumnSpec("big", 25)]
+
+Row = tuple[str, tuple[object, ...], list[str] | None]  # (kind, values, unchanged)
+
+
+@dataclass
+class Feeder:
+    """A stand-in for the collector: one tracker, several writers."""
+
+    tracker: FlushTracker
+    writers: dict[str, ShapeWriter] = field(default_factory=dict)
+    notified: list[int] = field(default_factory=list)
+
+    def txn(
+        self,
+        lsn: int,
+        per_shape: dict[str, Sequence[Row]],
+        total_ops: int | None = None,
+        xid: int = 1,
+        commit_ts: int = 0,
+    ) -> None:
+        """One transaction; ops are numbered across shapes like a real transaction."""
+        affected = []
+        op = 0
+        for shape, rows in per_shape.items():
+            writer = self.writers[shape]
+            if not writer.begin_txn(lsn, xid, commit_ts):
+                op += len(rows)
+                continue
+            affected.append(shape)
+            for kind, values, unchanged in rows:
+                writer.append(op, kind, values, unchanged, 32)  # type: ignore[arg-type]
+                op += 1
+        last = LogOffset(lsn, max(op, total_ops or 0))
+        self.tracker.handle_txn_fragment(CommitFragment(last), affected)
+        for shape in affected:
+            self.writers[shape].end_txn(last)
+
+
+def make_feeder() -> Feeder:
+    notified: list[int] = []
+    feeder = Feeder(FlushTracker(notified.append, clock=lambda: 0.0), notified=notified)
+    return feeder
+
+
+def open_writer(
+    feeder: Feeder, root: str, shape: str, columns: list[ColumnSpec] = ITEM_COLUMNS
+) -> ShapeWriter:
+    table = ShapeTable(root, shape)
+    table.create(table_schema(columns), [columns[0].name], {"name": shape})
+    writer = ShapeWriter(table, columns, feeder.tracker.handle_flush_notification)
+    feeder.writers[shape] = writer
+    return writer
+
+
+def rows_of(table: ShapeTable) -> list[dict[str, object]]:
+    """Every row of the table, read with deltalake (independent of Spark)."""
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(table.uri)
+    return dt.to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
+
+
+def fold_model(
+    rows: Sequence[dict[str, object]], key: Sequence[str], as_of: int | None = None
+) -> dict[tuple[object, ...], dict[str, object]]:
+    """The fold, written plainly (for comparison with tidemark.read.fold)."""
+    ordered = sorted(
+        (r for r in rows if as_of is None or int(r["_lsn"]) <= as_of),  # type: ignore[call-overload]
+        key=lambda r: (r["_kind"] != "snapshot", r["_lsn"], r["_op"]),
+    )
+    state: dict[tuple[object, ...], dict[str, object]] = {}
+    for r in ordered:
+        kind = r["_kind"]
+        if kind == "truncate":
+            state.clear()
+            continue
+        k = tuple(r[c] for c in key)
+        if kind == "delete":
+            state.pop(k, None)
+            continue
+        values = {c: v for c, v in r.items() if not c.startswith("_")}
+        for c in r.get("_unchanged") or []:  # type: ignore[attr-defined]
+            values[c] = state.get(k, {}).get(c)
+        state[k] = values
+    return state

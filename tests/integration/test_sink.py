@@ -1,0 +1,229 @@
+"""Writers, scheduler and the Delta sink with a real Spark: exactly-once commits,
+committed offsets, alignment to the tracker, staging, backpressure, schema
+evolution, maintenance, frontiers and reads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tidemark import read
+from tidemark.errors import SinkError
+from tidemark.pgoutput.messages import UNCHANGED_TOAST
+from tidemark.sink.frontiers import Frontiers, ShapeFrontier, load_frontiers, store_frontiers
+from tidemark.sink.schema import ColumnSpec
+from tidemark.sink.table import ShapeTable
+from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
+
+from .sink_support import ITEM_COLUMNS, make_feeder, open_writer, rows_of
+
+
+@contextlib.asynccontextmanager
+async def running(scheduler: FlushScheduler) -> AsyncIterator[FlushScheduler]:
+    task = asyncio.create_task(scheduler.run())
+    try:
+        yield scheduler
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def ins(i: int, name: str = "n") -> tuple[str, tuple[object, ...], None]:
+    return ("insert", (str(i).encode(), name.encode(), b"big-" + str(i).encode()), None)
+
+
+async def test_commits_are_aligned_to_transactions_and_read_back_after_restart(
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    # given two shapes and transactions touching one, both, or neither
+    feeder = make_feeder()
+    a = open_writer(feeder, str(tmp_path), "a")
+    b = open_writer(feeder, str(tmp_path), "b")
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    scheduler.add(a)
+    scheduler.add(b)
+    feeder.txn(100, {"a": [ins(1)]})
+    feeder.txn(200, {"a": [ins(2)], "b": [ins(2)]})
+    feeder.txn(300, {}, total_ops=3)  # touches no shape
+    feeder.txn(400, {"b": [ins(4)]})
+    # then nothing is durable before a flush
+    assert feeder.notified == []
+    # when everything is flushed
+    async with running(scheduler):
+        await scheduler.flush_all()
+    # then the boundary reaches the last transaction, and each table has its rows once
+    assert feeder.notified[-1] == 400
+    assert a.table.committed_lsn() == 200 and b.table.committed_lsn() == 400
+    assert sorted((r["id"], r["_lsn"]) for r in rows_of(a.table)) == [(1, 100), (2, 200)]
+    assert sorted((r["id"], r["_lsn"]) for r in rows_of(b.table)) == [(2, 200), (4, 400)]
+    # and after a restart, replayed transactions are dropped by committed offset
+    feeder2 = make_feeder()
+    a2 = open_writer(feeder2, str(tmp_path), "a")
+    assert a2.committed_lsn == 200
+    assert a2.begin_txn(200, 1, 0) is False
+    assert a2.begin_txn(500, 1, 0) is True
+
+
+async def test_a_replayed_batch_is_not_committed_twice(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    feeder = make_feeder()
+    w = open_writer(feeder, str(tmp_path), "a")
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    scheduler.add(w)
+    feeder.txn(100, {"a": [ins(1)]})
+    async with running(scheduler):
+        await scheduler.flush_all()
+    # when a second writer on the same table (a restarted process that did not read
+    # the committed offset) tries to commit the same transaction
+    other = make_feeder()
+    w2 = open_writer(other, str(tmp_path), "a")
+    w2.committed_lsn = None
+    other.txn(100, {"a": [ins(1)]})
+    s2 = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    s2.add(w2)
+    async with running(s2):
+        await s2.flush_all()
+    # then the sink's transaction check refuses it: the row is there once
+    assert s2.stats.replays_skipped == 1 and s2.stats.commits == 0
+    assert [r["id"] for r in rows_of(w.table)] == [1]
+    assert other.notified[-1] == 100  # and it still counts as durable
+
+
+async def test_age_threshold_flushes_without_being_asked(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    feeder = make_feeder()
+    w = open_writer(feeder, str(tmp_path), "a")
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=0.2))
+    scheduler.add(w)
+    async with running(scheduler):
+        feeder.txn(100, {"a": [ins(1)]})
+        scheduler.poke()
+        for _ in range(200):
+            if feeder.notified:
+                break
+            await asyncio.sleep(0.05)
+    assert feeder.notified == [100]
+
+
+async def test_huge_transaction_is_staged_and_never_half_visible(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # given a stage threshold far below the transaction's size
+    feeder = make_feeder()
+    w = open_writer(feeder, str(tmp_path), "a")
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=0.05, stage_bytes=200_000))
+    scheduler.add(w)
+    async with running(scheduler):
+        feeder.txn(100, {"a": [ins(0)]})
+        await scheduler.flush_all()
+        # when a 6000-row transaction arrives in pieces, with time for staging between
+        assert w.begin_txn(200, 2, 0)
+        for i in range(6000):
+            w.append(i, "insert", (str(i + 1).encode(), b"x" * 20, b"y"), None, 64)
+            if i % 1000 == 999:
+                scheduler.poke()
+                await asyncio.sleep(0.01)
+                await scheduler.wait_idle()
+                # then while it is open, none of its rows is visible
+                assert [r["_lsn"] for r in rows_of(w.table)] == [100]
+        assert scheduler.stats.stage_jobs >= 3
+        assert w.buffer.open_bytes < 200_000  # RAM holds only the unstaged tail
+        from tidemark.flush.tracker import CommitFragment
+        from tidemark.lsn import LogOffset
+
+        last = LogOffset(200, 5999)
+        feeder.tracker.handle_txn_fragment(CommitFragment(last), ["a"])
+        w.end_txn(last)
+        await scheduler.flush_all()
+    # and after its commit, all of it arrives in one Delta commit
+    rows = rows_of(w.table)
+    assert sorted(r["_op"] for r in rows if r["_lsn"] == 200) == list(range(6000))
+    history = w.table.table().history()
+    assert [h.get("tidemark.endLsn") for h in history if "tidemark.endLsn" in h] == ["200", "100"]
+    assert feeder.notified[-1] == 200
+
+
+async def test_backpressure_blocks_until_a_flush_makes_room(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    feeder = make_feeder()
+    w = open_writer(feeder, str(tmp_path), "a")
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60, memory_budget=50_000))
+    scheduler.add(w)
+    async with running(scheduler):
+        feeder.txn(100, {"a": [ins(i) for i in range(1000)]})  # ~128 kB buffered
+        assert scheduler.buffered_bytes > 50_000
+        waiter = asyncio.create_task(scheduler.wait_for_room())
+        await asyncio.wait_for(waiter, 60)  # returns only once the flush freed memory
+        assert scheduler.buffered_bytes < 50_000
+        assert scheduler.stats.backpressure_waits == 1
+    assert len(rows_of(w.table)) == 1000
+
+
+async def test_added_column_evolves_the_table_schema(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    feeder = make_feeder()
+    w = open_writer(feeder, str(tmp_path), "a")
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    scheduler.add(w)
+    async with running(scheduler):
+        feeder.txn(100, {"a": [ins(1)]})
+        await scheduler.flush_all()
+        w.set_columns([*ITEM_COLUMNS, ColumnSpec("qty", 23)])
+        feeder.txn(200, {"a": [("insert", (b"2", b"n", b"b", b"7"), None)]})
+        await scheduler.flush_all()
+    assert "qty" in w.table.refresh().schema().to_arrow().names  # type: ignore[attr-defined]
+    state = {r["id"]: r["qty"] for r in read.current(spark, tmp_path, "a").collect()}
+    assert state == {1: None, 2: 7}
+
+
+async def test_compaction_and_vacuum_keep_the_data_and_drop_leftovers(
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    feeder = make_feeder()
+    w = open_writer(feeder, str(tmp_path), "a")
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    scheduler.add(w)
+    async with running(scheduler):
+        for lsn in range(100, 600, 100):
+            feeder.txn(
+                lsn,
+                {
+                    "a": [
+                        ins(lsn // 100),
+                        ("update", (b"1", f"v{lsn}".encode(), UNCHANGED_TOAST), ["big"]),
+                    ]
+                },
+            )
+            await scheduler.flush_all()
+    before = sorted(map(tuple, read.current(spark, tmp_path, "a").collect()))
+    # a batch Spark wrote but a crash never committed
+    leftover = w.table.path / "data" / "crashed-batch"
+    leftover.mkdir()
+    (leftover / "part-0.parquet").write_bytes(b"PAR1 junk")
+    os.utime(leftover / "part-0.parquet", (0, 0))
+    w.table.compact()
+    deleted = w.table.vacuum(retention_hours=1)
+    assert any("crashed-batch" in d for d in deleted)
+    assert len(w.table.active_files()) == 1
+    after = sorted(map(tuple, read.current(spark, tmp_path, "a").collect()))
+    assert after == before
+    assert w.table.committed_lsn() == 500
+
+
+def test_frontiers_round_trip_and_snapshot_refuses_beyond_them(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store_frontiers(
+        tmp_path, Frontiers(500, {"a": ShapeFrontier(500, 300), "b": ShapeFrontier(200, 200)})
+    )
+    loaded = load_frontiers(tmp_path)
+    assert loaded is not None and loaded.shapes["b"].frontier_lsn == 200
+    assert loaded.updated_at > 0
+    ShapeTable(tmp_path, "a")  # no table needed to be refused
+    with pytest.raises(SinkError, match=r"b \(frontier 0/C8\)"):
+        read.snapshot(spark, tmp_path, ["a", "b"], as_of=300)
+
+
+def test_reading_an_unknown_shape_says_so(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SinkError, match="shape 'nope' has no table"):
+        read.changelog(spark, tmp_path, "nope")
