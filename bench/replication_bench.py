@@ -76,10 +76,23 @@ def run_recvlogical(work: Workload) -> float:
     slot = work.copy_slot()
     args = [
         work.pg.bin("pg_recvlogical"),
-        "-d", work.dsn, "--slot", slot, "--start", "-E", str(Lsn(work.end_lsn)),
-        "-o", "proto_version=1", "-o", "publication_names=bench_pub",
-        "-f", "/dev/null", "--no-loop", "-s", "10",
-    ]  # fmt: skip
+        "-d",
+        work.dsn,
+        "--slot",
+        slot,
+        "--start",
+        "-E",
+        str(Lsn(work.end_lsn)),
+        "-o",
+        "proto_version=1",
+        "-o",
+        "publication_names=bench_pub",
+        "-f",
+        "/dev/null",
+        "--no-loop",
+        "-s",
+        "10",
+    ]
     t0 = time.perf_counter()
     subprocess.run(args, check=True, capture_output=True)
     return time.perf_counter() - t0
@@ -88,9 +101,14 @@ def run_recvlogical(work: Workload) -> float:
 async def _receive(work: Workload, proto: int) -> tuple[float, list[bytes], int, int]:
     slot = work.copy_slot()
     cfg = SourceConfig(
-        dsn=work.dsn, slot=slot, publication="bench_pub", create_slot=False,
-        create_publication=False, proto_version=proto, queue_batches=256,
-    )  # fmt: skip
+        dsn=work.dsn,
+        slot=slot,
+        publication="bench_pub",
+        create_slot=False,
+        create_publication=False,
+        proto_version=proto,
+        queue_batches=256,
+    )
     client = ReplicationClient(cfg)
     payloads: list[bytes] = []
     nbytes = 0

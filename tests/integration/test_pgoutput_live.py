@@ -22,7 +22,8 @@ def peek(conn: psycopg.Connection, slot: str, proto: int, streaming: bool) -> li
         opts += ["streaming", "true"]
     rows = conn.execute(
         "select data from pg_logical_slot_peek_binary_changes(%s, null, null, "
-        + ", ".join(["%s"] * len(opts)) + ")",
+        + ", ".join(["%s"] * len(opts))
+        + ")",
         [slot, *opts],
     ).fetchall()
     return [bytes(r[0]) for r in rows]
@@ -39,8 +40,9 @@ def workload(conn: psycopg.Connection) -> None:
     conn.execute("select pg_logical_emit_message(false, 'tm', 'outside')")
     conn.execute("truncate t, f")
     with conn.transaction():  # large: streamed when streaming is on
-        conn.execute("insert into t select g, repeat('l', 100), g, null"
-                     " from generate_series(100, 3100) g")
+        conn.execute(
+            "insert into t select g, repeat('l', 100), g, null from generate_series(100, 3100) g"
+        )
 
 
 @pytest.mark.parametrize("proto", [1, 2, 3, 4])
@@ -80,7 +82,10 @@ def test_live_pgoutput_bytes_decode_completely(pg_db: PgDatabase, proto: int) ->
     rel = rels[first.relation_oid]
     assert [c.name for c in rel.columns] == ["id", "note", "x", "tags"]
     assert [c.is_key for c in rel.columns] == [True, False, False, False]
-    parsed = [python_parser(c.type_oid, c.type_modifier)(v) for c, v in zip(rel.columns, first.new, strict=True)]
+    parsed = [
+        python_parser(c.type_oid, c.type_modifier)(v)
+        for c, v in zip(rel.columns, first.new, strict=True)
+    ]
     assert parsed[:2] == [1, "one"] and str(parsed[2]) == "1.5" and parsed[3] == ["a", "b"]
     updates = [x for x in decoded if isinstance(x, m.Update)]
     assert updates[0].old is None and updates[1].old_kind == "K"
@@ -94,7 +99,9 @@ def test_live_pgoutput_bytes_decode_completely(pg_db: PgDatabase, proto: int) ->
     assert len(trunc.relation_oids) == 2
     msgs = [x for x in decoded if isinstance(x, m.LogicalMessage)]
     assert {(x.transactional, x.prefix, x.content) for x in msgs} == {
-        (True, "tm", b"in-txn"), (False, "tm", b"outside")}
+        (True, "tm", b"in-txn"),
+        (False, "tm", b"outside"),
+    }
 
 
 def test_live_two_phase_messages_decode(pg_db: PgDatabase) -> None:
@@ -110,7 +117,8 @@ def test_live_two_phase_messages_decode(pg_db: PgDatabase) -> None:
         conn.execute("rollback prepared 'g2'")
         rows = conn.execute(
             "select data from pg_logical_slot_peek_binary_changes('cap2', null, null,"
-            " 'proto_version', '3', 'publication_names', 'pub', 'two_phase', 'on')").fetchall()
+            " 'proto_version', '3', 'publication_names', 'pub', 'two_phase', 'on')"
+        ).fetchall()
     decoder = PgOutputDecoder(3)
     decoded = [decoder.decode(bytes(r[0])) for r in rows]
     kinds = [type(x).__name__ for x in decoded]
