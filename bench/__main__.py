@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-SECTIONS = ("replication", "decode", "flush", "routing")
+SECTIONS = ("replication", "decode", "flush", "routing", "sink")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import routing_bench
 
             routing_bench.main()
+        elif section == "sink":
+            from bench import sink_bench
+
+            sink_bench.main()
     print(f"\nbench finished in {time.perf_counter() - started:.0f}s")
     return status
 

@@ -472,3 +472,13 @@ def test_confirmed_lsn_never_loses_a_transaction_on_restart(
     if txns:
         assert tracker.is_caught_up
         assert tracker.durable_lsn == lsn
+
+
+def test_last_flushed_of_reports_pending_shapes_only() -> None:
+    notified: list[int] = []
+    tracker = FlushTracker(notified.append, clock=lambda: 0.0)
+    tracker.handle_txn_fragment(CommitFragment(LogOffset(100, 4)), ["a"])
+    assert tracker.last_flushed_of("a") == LogOffset(100, 4).prev_tx()
+    assert tracker.last_flushed_of("b") is None
+    tracker.handle_flush_notification("a", LogOffset(100, 4))
+    assert tracker.last_flushed_of("a") is None and notified == [100]

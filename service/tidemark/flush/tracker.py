@@ -298,6 +298,11 @@ class FlushTracker:
     def is_pending(self, shape: str) -> bool:
         return shape in self._pending
 
+    def last_flushed_of(self, shape: str) -> LogOffset | None:
+        """What a pending shape has flushed (None when it owes nothing)."""
+        entry = self._pending.get(shape)
+        return None if entry is None else _offset(entry.last_flushed)
+
     def stalled_shapes(self, now: float, grace: float) -> list[StalledShape]:
         """Shapes owing a flush since before ``now - grace``, lowest ``last_flushed`` first.
 

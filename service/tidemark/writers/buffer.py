@@ -183,6 +183,10 @@ class ShapeBuffer:
         return self._ready.nbytes
 
     @property
+    def open_rows(self) -> int:
+        return 0 if self._open is None else len(self._open.rows)
+
+    @property
     def open_bytes(self) -> int:
         return 0 if self._open is None else self._open.rows.nbytes
 

@@ -9,6 +9,7 @@ Delta commit tagged with the batch's end LSN.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ class CommitResult:
     end_lsn: int
     write_seconds: float
     commit_seconds: float
+    kinds: dict[str, int]  # rows by _kind (metrics)
 
 
 def write_parquet(
@@ -60,6 +62,9 @@ def commit_batch(
     }
     version = table.commit(files, batch.end_lsn, metadata)
     done = time.perf_counter()
+    kinds = dict(Counter(batch.rows.kinds))
+    if batch.staged:
+        kinds["staged"] = sum(f.num_rows for f in batch.staged)
     return CommitResult(
         table.shape,
         version,
@@ -68,4 +73,5 @@ def commit_batch(
         batch.end_lsn,
         written - started,
         done - written,
+        kinds,
     )

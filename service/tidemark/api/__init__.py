@@ -1,0 +1,1 @@
+"""The HTTP API (aiohttp): health, readiness, metrics, shapes, progress."""

@@ -1,0 +1,274 @@
+"""The HTTP API.
+
+=====================================  ==============================================
+``GET /healthz``                       the process and its event loop answer
+``GET /readyz``                        streaming, no invariant violated, no shape
+                                       stalled or failed (503 with the reasons)
+``GET /metrics``                       Prometheus text format
+``GET /v1/shapes``                     every shape: definition, state, frontier
+``POST /v1/shapes``                    add a shape (JSON body: name, table, where,
+                                       columns, replica)
+``GET /v1/shapes/{name}``              one shape
+``DELETE /v1/shapes/{name}``           remove a shape (its table stays on disk)
+``GET /v1/progress``                   received / flushed / applied LSNs, Postgres's
+                                       view of our slot, per-shape frontiers
+``GET /v1/progress/wait``              ``?lsn=X&timeout=S[&shape=N]``: returns once
+                                       Postgres's replay_lsn (and the shape's
+                                       frontier) reach X; 504 on timeout
+=====================================  ==============================================
+
+Mutations need ``Authorization: Bearer <admin_token>`` when a token is configured.
+Errors are JSON: ``{"error": "<what was wrong and what to do>", "status": <code>}``.
+LSNs are given both as text (``16/B374D848``) and as numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from tidemark.errors import ShapeError, TidemarkError
+from tidemark.lsn import Lsn, format_lsn
+from tidemark.shapes.model import ShapeDefinition
+
+if TYPE_CHECKING:
+    from tidemark.app import Service
+
+log = structlog.get_logger("tidemark.api")
+SERVICE: web.AppKey[Service] = web.AppKey("service")
+MAX_WAIT_S = 300.0
+
+
+def lsn_json(value: int | None) -> dict[str, Any] | None:
+    return None if value is None else {"lsn": format_lsn(value), "value": value}
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message, "status": status}, status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPException as exc:
+        if exc.content_type == "application/json":
+            raise
+        return error(exc.status, exc.reason or "error")
+    except ShapeError as exc:
+        return error(400, str(exc))
+    except TidemarkError as exc:
+        return error(500, str(exc))
+
+
+def _authorized(request: web.Request) -> web.Response | None:
+    token = request.app[SERVICE].settings.http.admin_token
+    if not token:
+        return None
+    given = request.headers.get("Authorization", "")
+    if not given.startswith("Bearer "):
+        return error(401, "this endpoint needs 'Authorization: Bearer <admin token>'")
+    if not hmac.compare_digest(given[len("Bearer ") :].encode(), token.encode()):
+        return error(403, "the bearer token is not the configured admin token")
+    return None
+
+
+def shape_json(service: Service, name: str) -> dict[str, Any]:
+    status = service.shapes[name]
+    writer = service.scheduler.writers.get(name) if service.scheduler else None
+    d = status.definition
+    return {
+        "name": name,
+        "table": d.table,
+        "where": d.where,
+        "columns": list(d.columns) if d.columns else None,
+        "replica": d.replica,
+        "origin": status.origin,
+        "state": status.state,
+        "error": status.error,
+        "frontier": lsn_json(service.frontier(name)),
+        "committed": lsn_json(writer.committed_lsn if writer else None),
+        "rows_committed": writer.rows_committed if writer else 0,
+        "pending_rows": (writer.buffer.ready_rows + writer.buffer.open_rows) if writer else 0,
+        "columns_as_text": [{"column": c, "type": t} for c, t in status.as_text],
+    }
+
+
+async def healthz(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return web.json_response(
+        {
+            "status": "ok",
+            "phase": service.phase,
+            "uptime_s": round(time.time() - service.started_at, 1),
+        }
+    )
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ready, reasons = request.app[SERVICE].readiness()
+    return web.json_response({"ready": ready, "reasons": reasons}, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[SERVICE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def list_shapes(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return web.json_response({"shapes": [shape_json(service, n) for n in sorted(service.shapes)]})
+
+
+async def show_shape(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name = request.match_info["name"]
+    if name not in service.shapes:
+        return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
+    return web.json_response(shape_json(service, name))
+
+
+async def add_shape(request: web.Request) -> web.Response:
+    if (denied := _authorized(request)) is not None:
+        return denied
+    service = request.app[SERVICE]
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return error(400, "the request body must be a JSON object with name and table")
+    if not isinstance(body, dict):
+        return error(400, "the request body must be a JSON object with name and table")
+    unknown = set(body) - {"name", "table", "where", "columns", "replica"}
+    if unknown:
+        return error(400, f"unknown field(s) {sorted(unknown)}: allowed are name, table, "
+                          "where, columns, replica")  # fmt: skip
+    try:
+        definition = ShapeDefinition.model_validate(body)
+    except (ShapeError, ValidationError) as exc:
+        return error(400, str(exc))
+    existing = service.registry.get(definition.name)
+    if existing is not None and existing.definition != definition:
+        return error(409, f"shape {definition.name!r} already exists with another definition: "
+                          "DELETE it first")  # fmt: skip
+    await service.add_shape(definition, origin="api")
+    return web.json_response(shape_json(service, definition.name), status=201)
+
+
+async def remove_shape(request: web.Request) -> web.Response:
+    if (denied := _authorized(request)) is not None:
+        return denied
+    service = request.app[SERVICE]
+    name = request.match_info["name"]
+    if name not in service.shapes and service.registry.get(name) is None:
+        return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
+    await service.remove_shape(name)
+    return web.Response(status=204)
+
+
+def progress_json(service: Service) -> dict[str, Any]:
+    p = service.progress()
+    sample = service.monitor.state.last if service.monitor else None
+    pg = None
+    if sample is not None:
+        pg = {
+            "current_wal": lsn_json(sample.current_wal_lsn),
+            "write": lsn_json(sample.write_lsn),
+            "flush": lsn_json(sample.flush_lsn),
+            "replay": lsn_json(sample.replay_lsn),
+            "confirmed_flush": lsn_json(sample.confirmed_flush_lsn),
+            "restart": lsn_json(sample.restart_lsn),
+            "wal_status": sample.wal_status,
+            "safe_wal_size": sample.safe_wal_size,
+            "retained_wal_bytes": sample.retained_wal_bytes,
+            "lag_bytes": sample.lag_bytes,
+            "replay_lag_s": sample.replay_lag_s,
+            "sampled_at": sample.taken_at,
+        }
+    return {
+        "phase": service.phase,
+        "received": lsn_json(p.received_lsn),
+        "flushed": lsn_json(p.flushed_lsn),
+        "applied": lsn_json(p.applied_lsn),
+        "postgres": pg,
+        "frontiers": {name: lsn_json(f) for name, f in sorted(p.frontiers.items())},
+        "violations": [{"kind": v.kind, "message": v.message} for v in service.violations[-10:]],
+    }
+
+
+async def progress(request: web.Request) -> web.Response:
+    return web.json_response(progress_json(request.app[SERVICE]))
+
+
+async def wait_progress(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    try:
+        target = int(Lsn.parse(request.query["lsn"]))
+    except KeyError:
+        return error(400, "give the LSN to wait for: ?lsn=16/B374D848")
+    except ValueError as exc:
+        return error(400, str(exc))
+    try:
+        timeout = min(float(request.query.get("timeout", "30")), MAX_WAIT_S)
+    except ValueError:
+        return error(400, "timeout must be a number of seconds")
+    shape = request.query.get("shape")
+    if shape is not None and shape not in service.shapes:
+        return error(404, f"there is no shape {shape!r}; GET /v1/shapes lists them")
+    deadline = asyncio.get_running_loop().time() + timeout
+    monitor = service.monitor
+    if monitor is None:
+        return error(503, "the service is still starting")
+    sample = await monitor.wait_for_lsn(target, timeout)
+    while sample is not None and shape is not None:
+        frontier = service.frontier(shape)
+        if frontier is not None and frontier >= target:
+            break
+        if asyncio.get_running_loop().time() > deadline:
+            sample = None
+            break
+        await asyncio.sleep(0.05)
+    body = progress_json(service)
+    body["target"] = lsn_json(target)
+    body["reached"] = sample is not None
+    return web.json_response(body, status=200 if sample is not None else 504)
+
+
+def build_app(service: Service) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=64 * 1024)
+    app[SERVICE] = service
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/shapes", list_shapes)
+    app.router.add_post("/v1/shapes", add_shape)
+    app.router.add_get("/v1/shapes/{name}", show_shape)
+    app.router.add_delete("/v1/shapes/{name}", remove_shape)
+    app.router.add_get("/v1/progress", progress)
+    app.router.add_get("/v1/progress/wait", wait_progress)
+    return app
+
+
+async def serve(service: Service) -> None:
+    """Serve the API until cancelled."""
+    http = service.settings.http
+    runner = web.AppRunner(build_app(service), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, http.host, http.port)
+    await site.start()
+    server: Any = site._server
+    sockets = server.sockets if server is not None else []
+    service.http_port = sockets[0].getsockname()[1] if sockets else http.port
+    log.info("http.listening", host=http.host, port=service.http_port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

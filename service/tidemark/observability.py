@@ -1,0 +1,274 @@
+"""Logs and metrics.
+
+Logs are structlog events, one event name per fact (``flush.committed``,
+``slot.created``): JSON lines by default, a console renderer on a TTY. Any
+string that looks like a DSN with a password is redacted before it is written.
+
+Metrics (prometheus-client, one registry per service) are named
+``tidemark_<what>_<unit>``. Positions are exported as numbers (LSNs fit a float
+exactly up to 2^53, i.e. 8 PiB of WAL); lags in bytes and seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tidemark.conninfo import redact_dsn
+
+
+def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key, value in event.items():
+        if isinstance(value, str) and ("://" in value or "password" in value.lower()):
+            event[key] = redact_dsn(value)
+    return event
+
+
+def configure_logging(fmt: str = "auto", level: str = "info") -> None:
+    """Route structlog (and stdlib logging) to stderr, as JSON or for a console."""
+    console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer() if console else structlog.processors.JSONRenderer()
+    )
+    numeric = getattr(logging, level.upper(), logging.INFO)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _redact,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
+    for noisy in ("py4j", "pyspark", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class Metrics:
+    """Every metric tidemark exports, in one registry."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        # positions
+        self.received_lsn = Gauge("tidemark_received_lsn", "Last WAL position received", registry=r)
+        self.flushed_lsn = Gauge(
+            "tidemark_flushed_lsn", "WAL position acknowledged as flushed (durable)", registry=r
+        )
+        self.applied_lsn = Gauge(
+            "tidemark_applied_lsn", "WAL position visible to readers", registry=r
+        )
+        self.pg_replay_lsn = Gauge(
+            "tidemark_pg_replay_lsn", "replay_lsn Postgres reports for our walsender", registry=r
+        )
+        self.pg_confirmed_flush_lsn = Gauge(
+            "tidemark_pg_confirmed_flush_lsn", "The slot's confirmed_flush_lsn", registry=r
+        )
+        self.pg_current_wal_lsn = Gauge(
+            "tidemark_pg_current_wal_lsn", "pg_current_wal_lsn() on the source", registry=r
+        )
+        self.replication_lag_bytes = Gauge(
+            "tidemark_replication_lag_bytes",
+            "Source WAL end minus the slot's confirmed_flush_lsn",
+            registry=r,
+        )
+        self.replication_lag_seconds = Gauge(
+            "tidemark_replication_lag_seconds",
+            "replay_lag Postgres reports for our walsender",
+            registry=r,
+        )
+        self.slot_retained_wal_bytes = Gauge(
+            "tidemark_slot_retained_wal_bytes",
+            "WAL the slot keeps: current WAL LSN minus restart_lsn",
+            registry=r,
+        )
+        self.slot_safe_wal_size_bytes = Gauge(
+            "tidemark_slot_safe_wal_size_bytes",
+            "Bytes of WAL that can still be written before the slot is lost (-1: unlimited)",
+            registry=r,
+        )
+        self.slot_wal_status = Gauge(
+            "tidemark_slot_wal_status",
+            "1 for the slot's current wal_status",
+            ["status"],
+            registry=r,
+        )
+        # shapes
+        self.shape_frontier_lsn = Gauge(
+            "tidemark_shape_frontier_lsn",
+            "LSN up to which a shape is complete",
+            ["shape"],
+            registry=r,
+        )
+        self.shape_committed_lsn = Gauge(
+            "tidemark_shape_committed_lsn",
+            "End LSN of a shape's last commit",
+            ["shape"],
+            registry=r,
+        )
+        self.shape_lag_bytes = Gauge(
+            "tidemark_shape_lag_bytes",
+            "Received LSN minus a shape's frontier",
+            ["shape"],
+            registry=r,
+        )
+        self.shape_pending_rows = Gauge(
+            "tidemark_shape_pending_rows",
+            "Rows buffered for a shape, not yet committed",
+            ["shape"],
+            registry=r,
+        )
+        self.shape_pending_bytes = Gauge(
+            "tidemark_shape_pending_bytes",
+            "Bytes buffered for a shape, not yet committed",
+            ["shape"],
+            registry=r,
+        )
+        self.shape_stalled = Gauge(
+            "tidemark_shape_stalled",
+            "1 when a shape holds the flush boundary past the grace period",
+            ["shape"],
+            registry=r,
+        )
+        self.shapes = Gauge("tidemark_shapes", "Shapes by state", ["state"], registry=r)
+        self.changes = Counter(
+            "tidemark_changes_total",
+            "Rows committed to shape tables",
+            ["shape", "kind"],
+            registry=r,
+        )
+        self.commits = Counter("tidemark_commits_total", "Delta commits", ["shape"], registry=r)
+        self.commit_duration = Histogram(
+            "tidemark_commit_duration_seconds",
+            "Time to write and commit one batch (Spark job + Delta commit)",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.ack_lag_seconds = Histogram(
+            "tidemark_ack_lag_seconds",
+            "From a transaction's arrival to the acknowledgement covering it",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
+            registry=r,
+        )
+        # stream
+        self.transactions = Counter(
+            "tidemark_transactions_total", "Source transactions received", registry=r
+        )
+        self.source_changes = Counter(
+            "tidemark_source_changes_total", "Source row changes received", registry=r
+        )
+        self.received_bytes = Counter(
+            "tidemark_received_bytes_total", "pgoutput bytes received", registry=r
+        )
+        self.decode_errors = Counter(
+            "tidemark_decode_errors_total", "Messages that could not be decoded", registry=r
+        )
+        self.unknown_type_values = Gauge(
+            "tidemark_unknown_type_values",
+            "Values of types without an exact mapping, kept as text",
+            registry=r,
+        )
+        self.reconnects = Counter(
+            "tidemark_reconnects_total", "Replication connection re-establishments", registry=r
+        )
+        self.status_updates = Counter(
+            "tidemark_status_updates_total", "Standby status updates sent", registry=r
+        )
+        self.invariant_violations = Counter(
+            "tidemark_invariant_violations_total",
+            "Checks against Postgres that failed (e.g. ack beyond durable)",
+            ["kind"],
+            registry=r,
+        )
+        self.buffered_bytes = Gauge(
+            "tidemark_buffered_bytes", "Bytes buffered across all writers", registry=r
+        )
+        self.backpressure_waits = Counter(
+            "tidemark_backpressure_waits_total", "Times the stream waited for memory", registry=r
+        )
+        self.streaming = Gauge(
+            "tidemark_streaming", "1 while the replication stream is up", registry=r
+        )
+        self.up = Gauge("tidemark_up", "1 while the service runs", registry=r)
+
+
+_WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+
+
+def refresh_metrics(service: Any) -> None:
+    """Copy the service's current state into the gauges (called from housekeeping)."""
+    from tidemark.pgoutput.values import unknown_type_counts
+
+    m: Metrics = service.metrics
+    progress = service.progress()
+    m.received_lsn.set(progress.received_lsn)
+    m.flushed_lsn.set(progress.flushed_lsn)
+    m.applied_lsn.set(progress.applied_lsn)
+    client = service.client
+    if client is not None:
+        stats = client.stats
+        m.streaming.set(1 if stats.connected and service.phase == "streaming" else 0)
+        _set_counter(m.status_updates, stats.status_updates)
+    scheduler = service.scheduler
+    if scheduler is not None:
+        m.buffered_bytes.set(scheduler.buffered_bytes)
+        _set_counter(m.backpressure_waits, scheduler.stats.backpressure_waits)
+        for name, writer in scheduler.writers.items():
+            buf = writer.buffer
+            m.shape_pending_rows.labels(name).set(buf.ready_rows + buf.open_rows)
+            m.shape_pending_bytes.labels(name).set(buf.nbytes + writer.in_flight_bytes)
+            if writer.committed_lsn is not None:
+                m.shape_committed_lsn.labels(name).set(writer.committed_lsn)
+    for name, frontier in progress.frontiers.items():
+        m.shape_frontier_lsn.labels(name).set(frontier)
+        m.shape_lag_bytes.labels(name).set(max(0, progress.received_lsn - frontier))
+    import time
+
+    stalled = {
+        s.name
+        for s in service.tracker.stalled_shapes(
+            time.monotonic(), service.settings.monitor.stall_grace_s
+        )
+    }
+    states: dict[str, int] = {"active": 0, "error": 0, "resync_needed": 0}
+    for name, status in service.shapes.items():
+        m.shape_stalled.labels(name).set(1 if name in stalled else 0)
+        states[status.state] = states.get(status.state, 0) + 1
+    for state, count in states.items():
+        m.shapes.labels(state).set(count)
+    collector = service.collector
+    _set_counter(m.source_changes, collector.stats.changes)
+    m.unknown_type_values.set(sum(unknown_type_counts().values()))
+    monitor = service.monitor
+    sample = monitor.state.last if monitor is not None else None
+    if sample is not None:
+        m.pg_current_wal_lsn.set(sample.current_wal_lsn)
+        if sample.replay_lsn is not None:
+            m.pg_replay_lsn.set(sample.replay_lsn)
+        if sample.confirmed_flush_lsn is not None:
+            m.pg_confirmed_flush_lsn.set(sample.confirmed_flush_lsn)
+        if sample.lag_bytes is not None:
+            m.replication_lag_bytes.set(sample.lag_bytes)
+        if sample.replay_lag_s is not None:
+            m.replication_lag_seconds.set(sample.replay_lag_s)
+        if sample.retained_wal_bytes is not None:
+            m.slot_retained_wal_bytes.set(sample.retained_wal_bytes)
+        m.slot_safe_wal_size_bytes.set(-1 if sample.safe_wal_size is None else sample.safe_wal_size)
+        for status in _WAL_STATUSES:
+            m.slot_wal_status.labels(status).set(1 if sample.wal_status == status else 0)
+
+
+def _set_counter(counter: Counter, value: float) -> None:
+    """Move a counter up to ``value`` (our own stats are the source of truth)."""
+    current = counter._value.get()
+    if value > current:
+        counter.inc(value - current)
