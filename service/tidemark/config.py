@@ -128,8 +128,14 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
-def load_settings(path: str | None = None, **overrides: Any) -> Settings:
-    """Settings from the file (``path``, ``$TIDEMARK_CONFIG`` or ./tidemark.toml) and env."""
+def load_settings(
+    path: str | None = None, *, require_dsn: bool = True, **overrides: Any
+) -> Settings:
+    """Settings from the file (``path``, ``$TIDEMARK_CONFIG`` or ./tidemark.toml) and env.
+
+    ``require_dsn=False`` serves commands that talk to a running service or read the
+    lake, which need no source database.
+    """
     previous = os.environ.get("TIDEMARK_CONFIG")
     if path is not None:
         if not Path(path).exists():
@@ -145,7 +151,7 @@ def load_settings(path: str | None = None, **overrides: Any) -> Settings:
                 os.environ.pop("TIDEMARK_CONFIG", None)
             else:
                 os.environ["TIDEMARK_CONFIG"] = previous
-    if not settings.source.dsn:
+    if require_dsn and not settings.source.dsn:
         raise ConfigError(
             'source.dsn is not set: put it in tidemark.toml ([source] dsn = "postgresql://'
             'user:password@host/db") or set TIDEMARK_SOURCE__DSN'

@@ -1,0 +1,154 @@
+"""``tidemark config check``: everything that would stop ``tidemark run``, checked first.
+
+Each check gives ok/failed and a sentence saying what was found or what to do.
+Nothing is created or changed: a missing slot or publication is reported as
+"will be created" when the settings allow it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from tidemark.config import Settings
+from tidemark.conninfo import redact_text
+from tidemark.errors import TidemarkError
+from tidemark.replication import slot as slots
+from tidemark.shapes.catalog import validate_shape
+from tidemark.shapes.model import ShapeDefinition
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+async def run_checks(settings: Settings) -> list[Check]:
+    out: list[Check] = []
+    out.append(_java())
+    out.append(_sink(settings.sink.root))
+    src = settings.source
+    try:
+        conn = await psycopg.AsyncConnection.connect(src.dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        out.append(Check("source connection", False, redact_text(str(exc), src.dsn).strip()))
+        return out
+    try:
+        out.append(
+            Check(
+                "source connection",
+                True,
+                f"{conn.info.user}@{conn.info.host}:{conn.info.port}/{conn.info.dbname}",
+            )
+        )
+        try:
+            major = await slots.check_server(conn)
+            out.append(Check("server", True, f"PostgreSQL {major}, wal_level = logical"))
+        except TidemarkError as exc:
+            out.append(Check("server", False, str(exc)))
+        can = await slots.role_can_replicate(conn)
+        out.append(
+            Check(
+                "replication role",
+                can,
+                "role has REPLICATION"
+                if can
+                else f"role {conn.info.user} lacks REPLICATION: ALTER ROLE "
+                f"{conn.info.user} REPLICATION;",
+            )
+        )
+        state = await slots.slot_state(conn, src.slot)
+        if state is None:
+            out.append(
+                Check(
+                    "slot",
+                    src.create_slot,
+                    f"slot '{src.slot}' will be created"
+                    if src.create_slot
+                    else f"slot '{src.slot}' does not exist and create_slot is false",
+                )
+            )
+        else:
+            try:
+                slots.check_slot_usable(state, src.slot, conn.info.dbname)
+                out.append(
+                    Check(
+                        "slot",
+                        True,
+                        f"slot '{src.slot}' ok (wal_status "
+                        f"{state.wal_status}, active pid {state.active_pid})",
+                    )
+                )
+            except TidemarkError as exc:
+                out.append(Check("slot", False, str(exc)))
+        row = await (
+            await conn.execute(
+                "select puballtables from pg_publication where pubname = %s", (src.publication,)
+            )
+        ).fetchone()
+        if row is None:
+            out.append(
+                Check(
+                    "publication",
+                    src.create_publication,
+                    f"publication '{src.publication}' will be created"
+                    if src.create_publication
+                    else f"publication '{src.publication}' does not exist",
+                )
+            )
+        else:
+            out.append(
+                Check(
+                    "publication",
+                    True,
+                    f"publication '{src.publication}' exists" + (" (all tables)" if row[0] else ""),
+                )
+            )
+        for declared in settings.shapes:
+            name = f"shape {declared.name}"
+            try:
+                definition = ShapeDefinition(**declared.model_dump())
+                checked = await validate_shape(conn, definition)
+                text = ", ".join(f"{c} ({t})" for c, t in checked.as_text)
+                out.append(
+                    Check(
+                        name,
+                        True,
+                        f"{definition.table}: ok" + (f"; kept as text: {text}" if text else ""),
+                    )
+                )
+            except TidemarkError as exc:
+                out.append(Check(name, False, str(exc)))
+    finally:
+        await conn.close()
+    return out
+
+
+def _java() -> Check:
+    from tidemark.spark import java_major_version
+
+    major = java_major_version()
+    if major is None:
+        return Check("java", False, "no java found: install openjdk-17-jre-headless")
+    return Check("java", major >= 17, f"Java {major}" + ("" if major >= 17 else ": need 17+"))
+
+
+def _sink(root: str) -> Check:
+    if "://" in root:
+        return Check("sink", True, f"{root} (remote: not checked)")
+    path = Path(root)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".tidemark-check-"):
+            pass
+    except OSError as exc:
+        return Check("sink", False, f"cannot write under {path.resolve()}: {exc.strerror}")
+    free = os.statvfs(path)
+    gib = free.f_bavail * free.f_frsize / 2**30
+    return Check("sink", True, f"{path.resolve()} writable, {gib:.1f} GiB free")
