@@ -232,9 +232,12 @@ def test_a_predicate_on_a_toast_value_that_was_not_sent_needs_a_resync() -> None
 
 def test_a_value_a_predicate_cannot_evaluate_resyncs_only_that_shape() -> None:
     rel = Relation(
-        16384, "public", "orders", "f",
+        16384,
+        "public",
+        "orders",
+        "f",
         (RelationColumn("id", 23, -1, True), RelationColumn("d", 1082, -1, True)),
-    )  # fmt: skip
+    )
     index = ShapeIndex(rel)
     for name, where in (("recent", "d > '2000-01-01'"), ("everything", None)):
         index.add(bind(ShapeDefinition(name=name, table="orders", where=where), rel, ["id"]))

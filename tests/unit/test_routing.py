@@ -61,8 +61,12 @@ def test_equality_shapes_are_found_by_value_and_others_by_evaluation() -> None:
     # when rows are routed; then exactly the shapes whose predicate is TRUE
     always = {"all", "always", "also_always"}
     assert routed(index, "1", "r1", "500", None, None) == {
-        "r1", "r1_or_r3", "r1_big", "big", *always
-    }  # fmt: skip
+        "r1",
+        "r1_or_r3",
+        "r1_big",
+        "big",
+        *always,
+    }
     assert routed(index, "1", "r1", "5", None, None) == {"r1", "r1_or_r3", *always}
     assert routed(index, "1", "r3", None, None, None) == {"r1_or_r3", *always}
     assert routed(index, "1", None, None, None, None) == always

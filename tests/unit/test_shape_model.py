@@ -22,8 +22,9 @@ from tidemark.shapes.model import (
 )
 
 
-def relation(identity: str = "d", *columns: RelationColumn, name: str = "orders",
-             namespace: str = "public") -> Relation:  # fmt: skip
+def relation(
+    identity: str = "d", *columns: RelationColumn, name: str = "orders", namespace: str = "public"
+) -> Relation:
     cols = columns or (
         RelationColumn("id", 23, -1, identity in "df"),
         RelationColumn("region", 25, -1, identity == "f"),
@@ -128,9 +129,12 @@ def test_a_blank_where_means_no_predicate_and_a_where_is_parsed_at_definition() 
 
 def test_definitions_round_trip_through_json_and_are_hashable_values() -> None:
     definition = shape(
-        name="eu", table='"Sales"."Orders"', where="region = 'eu'", columns=["id", "region"],
+        name="eu",
+        table='"Sales"."Orders"',
+        where="region = 'eu'",
+        columns=["id", "region"],
         replica="full",
-    )  # fmt: skip
+    )
     again = ShapeDefinition.model_validate_json(definition.model_dump_json())
     assert again == definition
     assert hash(again) == hash(definition)
@@ -179,8 +183,12 @@ def test_a_predicate_on_the_key_works_with_the_default_replica_identity() -> Non
     [
         (shape(columns=["nope"]), relation(), ["id"], "available columns: id, region"),
         (shape(where="nope = 1"), relation(), ["id"], '"nope"'),
-        (shape(where="region = 'x'"), relation("d"), ["id"],
-         'ALTER TABLE "public"."orders" REPLICA IDENTITY FULL'),
+        (
+            shape(where="region = 'x'"),
+            relation("d"),
+            ["id"],
+            'ALTER TABLE "public"."orders" REPLICA IDENTITY FULL',
+        ),
         (shape(where="region = 'x'"), relation("d"), ["id"], "reads region"),
         (shape(replica="full"), relation("d"), ["id"], "replica='full'"),
         (shape(), relation("d"), [], "has no primary key"),
@@ -189,11 +197,16 @@ def test_a_predicate_on_the_key_works_with_the_default_replica_identity() -> Non
         (shape(columns=["id"]), relation("f"), [], "cannot select columns"),
         (shape(), relation("f"), ["missing"], "not among its columns"),
         (shape(table="other"), relation(), ["id"], "not on"),
-        (shape(where="doc IS NOT NULL"),
-         relation("f", RelationColumn("id", 23, -1, True), RelationColumn("doc", 3802, -1, True)),
-         ["id"], "jsonb"),
+        (
+            shape(where="doc IS NOT NULL"),
+            relation(
+                "f", RelationColumn("id", 23, -1, True), RelationColumn("doc", 3802, -1, True)
+            ),
+            ["id"],
+            "jsonb",
+        ),
     ],
-)  # fmt: skip
+)
 def test_binding_rejects_what_the_table_cannot_serve(
     definition: ShapeDefinition, rel: Relation, key: list[str], fragment: str
 ) -> None:
@@ -280,19 +293,35 @@ def test_a_dropped_column_stays_in_the_output_as_null_and_positions_follow() -> 
 @pytest.mark.parametrize(
     ("definition", "new_relation", "fragment"),
     [
-        (shape(where="region = 'x'"), _full(("id", 23), ("amount", 1700), ("note", 25)),
-         "predicate column region was dropped"),
-        (shape(), _full(("region", 25), ("amount", 1700), ("note", 25)),
-         "primary key column id was dropped"),
-        (shape(), _full(("id", 20), ("region", 25), ("amount", 1700), ("note", 25)),
-         "column id of"),
-        (shape(columns=["region"]), _full(("id", 23), ("region", 1043), ("amount", 1700)),
-         "column region of"),
-        (shape(where="region = 'x'"),
-         relation("d", RelationColumn("id", 23, -1, True), RelationColumn("region", 25, -1, False)),
-         "REPLICA IDENTITY FULL"),
+        (
+            shape(where="region = 'x'"),
+            _full(("id", 23), ("amount", 1700), ("note", 25)),
+            "predicate column region was dropped",
+        ),
+        (
+            shape(),
+            _full(("region", 25), ("amount", 1700), ("note", 25)),
+            "primary key column id was dropped",
+        ),
+        (
+            shape(),
+            _full(("id", 20), ("region", 25), ("amount", 1700), ("note", 25)),
+            "column id of",
+        ),
+        (
+            shape(columns=["region"]),
+            _full(("id", 23), ("region", 1043), ("amount", 1700)),
+            "column region of",
+        ),
+        (
+            shape(where="region = 'x'"),
+            relation(
+                "d", RelationColumn("id", 23, -1, True), RelationColumn("region", 25, -1, False)
+            ),
+            "REPLICA IDENTITY FULL",
+        ),
     ],
-)  # fmt: skip
+)
 def test_changes_a_shape_cannot_follow_ask_for_a_resync(
     definition: ShapeDefinition, new_relation: Relation, fragment: str
 ) -> None:
@@ -313,8 +342,11 @@ def test_a_new_primary_key_under_the_default_identity_asks_for_a_resync() -> Non
     rel = relation("d")
     bound = bind(shape(), rel, ["id"])
     moved = relation(
-        "d", RelationColumn("id", 23, -1, False), RelationColumn("region", 25, -1, True),
-        RelationColumn("amount", 1700, -1, False), RelationColumn("note", 25, -1, False),
-    )  # fmt: skip
+        "d",
+        RelationColumn("id", 23, -1, False),
+        RelationColumn("region", 25, -1, True),
+        RelationColumn("amount", 1700, -1, False),
+        RelationColumn("note", 25, -1, False),
+    )
     outcome = rebind(bound, moved)
     assert isinstance(outcome, ShapeResync) and "primary key" in outcome.reason

@@ -1,8 +1,13 @@
 """Shapes: named subsets of one table (predicate + columns) and how changes reach them.
 
-Pure code, no IO. ``model`` defines and binds shapes, ``predicate`` compiles their SQL
-``WHERE`` to Python, ``routing`` finds the shapes a row belongs to, and ``convert``
-turns a table change into per-shape changes.
+``model`` defines and binds shapes, ``predicate`` compiles their SQL ``WHERE`` to
+Python (its parts: ``predicate_parse``, ``sqltypes``, ``typer``, ``typer_values``,
+``comparison``, ``casts``, ``like``, ``temporal``, ``codegen``, ``logic``,
+``operators``, ``identifiers``), ``routing``
+finds the shapes a row belongs to, and ``convert`` turns a table change into
+per-shape changes: all pure, no IO. Two modules do IO and are not imported here:
+``catalog`` checks a shape against the source database's catalog, and ``registry``
+keeps the set of shapes in one JSON file.
 """
 
 from tidemark.shapes.convert import (

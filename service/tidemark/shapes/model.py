@@ -58,72 +58,15 @@ from pydantic import (
 
 from tidemark.errors import ShapeError
 from tidemark.pgoutput.messages import Relation, RelationColumn, TupleData, Value
+from tidemark.shapes.identifiers import format_identifier, parse_identifiers, quote_identifier
 from tidemark.shapes.predicate import (
     CompiledPredicate,
     ParsedPredicate,
     compile_predicate,
-    fold_identifier,
     parse_predicate,
-    quote_identifier,
 )
 
 _SHAPE_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}\Z")
-_UNQUOTED: Final = re.compile(r"[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*\Z")
-_CANONICAL_PLAIN: Final = re.compile(r"[a-z_][a-z0-9_$]*\Z")
-_MAX_IDENTIFIER_BYTES: Final = 63  # NAMEDATALEN - 1; Postgres truncates longer names
-
-
-def parse_identifiers(text: str) -> tuple[str, ...]:
-    """``schema.table`` / ``"My Schema"."T"`` -> the exact catalog names (ValueError)."""
-    parts: list[str] = []
-    pos = 0
-    while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if text.startswith('"', pos):
-            end = pos + 1
-            chars: list[str] = []
-            while True:
-                close = text.find('"', end)
-                if close < 0:
-                    raise ValueError(f"unterminated quoted identifier in {text!r}")
-                chars.append(text[end:close])
-                if text.startswith('"', close + 1):  # "" is an embedded quote
-                    chars.append('"')
-                    end = close + 2
-                    continue
-                pos = close + 1
-                break
-            name = "".join(chars)
-            if not name:
-                raise ValueError(f'empty quoted identifier "" in {text!r}')
-        else:
-            end = pos
-            while end < len(text) and text[end] not in '."' and not text[end].isspace():
-                end += 1
-            raw = text[pos:end]
-            if not _UNQUOTED.match(raw):
-                raise ValueError(
-                    f"{raw!r} in {text!r} is not a valid identifier; quote it with double "
-                    'quotes if it is a real name (e.g. "Order Items")'
-                )
-            name = fold_identifier(raw, quoted=False)
-            pos = end
-        if len(name.encode()) > _MAX_IDENTIFIER_BYTES:
-            raise ValueError(f"identifier {name!r} is longer than Postgres's 63 bytes")
-        parts.append(name)
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos == len(text):
-            return tuple(parts)
-        if text[pos] != ".":
-            raise ValueError(f"unexpected {text[pos]!r} in {text!r}")
-        pos += 1
-
-
-def format_identifier(name: str) -> str:
-    """Canonical spelling: bare when folding keeps it, quoted otherwise."""
-    return name if _CANONICAL_PLAIN.match(name) else quote_identifier(name)
 
 
 class ShapeDefinition(BaseModel):

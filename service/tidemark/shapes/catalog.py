@@ -1,0 +1,421 @@
+"""Shapes against the live catalog: the table as Postgres has it, checked before binding.
+
+``validate_shape(conn, definition)`` reads the shape's table from the source
+database (one normal connection, a handful of catalog queries) and returns a
+``CheckedShape``: the ``BoundShape`` and the ``Relation`` exactly as pgoutput will
+describe the table. ``read_table`` is the IO half, ``check_shape`` the pure half
+(unit-tested without Postgres). Every problem is a ``ShapeError`` that names the
+offending part and says what to do:
+
+* the table must exist (close matches are suggested: ``public.orderz`` ->
+  ``public.orders``; a case mismatch suggests the quoted name), be an ordinary table
+  (views, materialized and foreign tables are not replicated; a partitioned table's
+  changes are published per partition), and be readable by our role (the snapshot
+  of a new shape reads it);
+* listed and predicate columns must exist (close matches suggested) and not be
+  generated columns, which pgoutput does not send (PostgreSQL 15-17);
+* primary key and replica identity rules are ``model.bind``'s (each with the
+  ``ALTER TABLE ... REPLICA IDENTITY ...`` to run);
+* text the predicate reads must be UTF-8 with a deterministic collation (a
+  nondeterministic one makes '=' ignore case or accents); ``lower``/``upper``/
+  ``ILIKE`` without ``COLLATE "C"`` need a database or column ctype that maps case
+  per Unicode character: under ``LC_CTYPE=C`` Postgres changes ASCII letters only,
+  and the message says to write ``COLLATE "C"``, which tidemark then evaluates
+  exactly.
+
+Types. The Relation keeps the declared type oids, as pgoutput sends them. A domain
+is read as its base type (``resolve_domains``): the predicate sees integers for a
+domain over integer, and writers get the base type's column. The collector must
+resolve every Relation from the stream with the same ``domain_bases`` so that
+``rebind`` sees the same types. A predicate may read only the types listed in
+``tidemark.shapes.predicate`` (after domain resolution); enums, ranges, composite
+types, json, intervals and the like are refused there with the type's name.
+Projected columns of any other type are accepted and reach the lake as their
+Postgres text output (lossless, but a string column): ``CheckedShape.as_text`` lists
+them so the caller can say so.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+
+from tidemark.errors import ShapeError
+from tidemark.pgoutput import values
+from tidemark.pgoutput.messages import Relation, RelationColumn, ReplicaIdentity
+from tidemark.shapes.identifiers import format_identifier
+from tidemark.shapes.model import BoundShape, ShapeDefinition, bind
+from tidemark.shapes.sqltypes import SCALARS, sql_type
+
+_DEFAULT_COLLATION: Final = 100
+_KIND_NAMES: Final = {
+    "v": "a view",
+    "m": "a materialized view",
+    "f": "a foreign table",
+    "S": "a sequence",
+    "i": "an index",
+    "I": "a partitioned index",
+    "c": "a composite type",
+    "t": "a TOAST table",
+}
+_TYPE_KINDS: Final = {
+    "c": "a composite type",
+    "e": "an enum",
+    "r": "a range type",
+    "m": "a multirange type",
+    "p": "a pseudo-type",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Collation:
+    """How a column (or the database) compares and maps case."""
+
+    name: str
+    provider: str  # 'c' libc, 'i' ICU, 'b' builtin (PostgreSQL 17), 'd' database default
+    ctype: str  # LC_CTYPE of a libc collation, the locale of an ICU or builtin one
+    deterministic: bool
+
+    @property
+    def ascii_case_only(self) -> bool:
+        """lower()/upper() change only ASCII letters (Postgres's "C" behaviour)."""
+        return self.provider in ("c", "b") and self.ctype in ("C", "POSIX")
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogColumn:
+    """One live column (``pg_attribute``, attnum > 0, not dropped)."""
+
+    name: str
+    type_oid: int
+    type_modifier: int
+    type_name: str  # format_type(), e.g. 'character varying(20)'
+    type_kind: str  # pg_type.typtype: b base, d domain, e enum, c composite, r range ...
+    generated: bool
+    collation: Collation | None  # None: not a collatable type, or the default
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogTable:
+    """What the catalog says about one table, as plain values."""
+
+    oid: int
+    schema: str
+    name: str
+    kind: str  # pg_class.relkind
+    replica_identity: ReplicaIdentity
+    columns: tuple[CatalogColumn, ...]
+    primary_key: tuple[str, ...]
+    identity_index: tuple[str, ...]  # columns of REPLICA IDENTITY USING INDEX, else ()
+    can_select: bool
+    domain_bases: Mapping[int, tuple[int, int]]  # domain oid -> (base oid, base typmod)
+    encoding: str  # the database's server encoding
+    database_collation: Collation
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{format_identifier(self.schema)}.{format_identifier(self.name)}"
+
+    def relation(self) -> Relation:
+        """The Relation pgoutput sends for this table: published columns (generated
+        ones are not), declared type oids, and the replica-identity flag per column."""
+        if self.replica_identity == "f":
+            identity = {c.name for c in self.columns}
+        elif self.replica_identity == "i":
+            identity = set(self.identity_index)
+        elif self.replica_identity == "d":
+            identity = set(self.primary_key)
+        else:
+            identity = set()
+        return Relation(
+            oid=self.oid,
+            namespace=self.schema,
+            name=self.name,
+            replica_identity=self.replica_identity,
+            columns=tuple(
+                RelationColumn(c.name, c.type_oid, c.type_modifier, c.name in identity)
+                for c in self.columns
+                if not c.generated
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedShape:
+    """A shape validated against the live table."""
+
+    shape: BoundShape  # bound to the domain-resolved relation
+    relation: Relation  # as pgoutput will describe the table
+    as_text: tuple[tuple[str, str], ...]  # (column, type name) reaching the lake as text
+
+
+def resolve_domains(relation: Relation, domain_bases: Mapping[int, tuple[int, int]]) -> Relation:
+    """``relation`` with every domain column typed as the domain's base type."""
+    if not domain_bases or not any(c.type_oid in domain_bases for c in relation.columns):
+        return relation
+    columns = []
+    for c in relation.columns:
+        base = domain_bases.get(c.type_oid)
+        columns.append(c if base is None else RelationColumn(c.name, base[0], base[1], c.is_key))
+    return Relation(
+        relation.oid,
+        relation.namespace,
+        relation.name,
+        relation.replica_identity,
+        tuple(columns),
+        relation.xid,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# the pure checks
+
+
+def check_shape(definition: ShapeDefinition, table: CatalogTable) -> CheckedShape:
+    """Validate ``definition`` against ``table`` and bind it (ShapeError)."""
+    where = table.qualified_name
+    label = f"shape {definition.name!r}"
+    if table.kind == "p":
+        raise ShapeError(
+            f"{label}: table {where} is partitioned; its changes are published per "
+            "partition, which tidemark does not follow: define the shape on a partition"
+        )
+    if table.kind != "r":
+        what = _KIND_NAMES.get(table.kind, f"a relation of kind {table.kind!r}")
+        raise ShapeError(
+            f"{label}: {where} is {what}; logical replication publishes ordinary tables only"
+        )
+    if not table.can_select:
+        raise ShapeError(
+            f"{label}: our role cannot read {where} (a new shape's snapshot selects from "
+            f"it): run GRANT SELECT ON {where} TO <tidemark's role>"
+        )
+    by_name = {c.name: c for c in table.columns}
+    predicate = definition.predicate
+    read = sorted(predicate.columns_read) if predicate is not None else []
+    for role, names in (("lists", definition.column_names or ()), ("predicate reads", read)):
+        for name in names:
+            _check_column(label, role, name, by_name, where)
+    for name in read:
+        _check_predicate_column(label, by_name[name], table)
+    relation = table.relation()
+    shape = bind(definition, resolve_domains(relation, table.domain_bases), table.primary_key)
+    if shape.predicate is not None and shape.predicate.case_mapping:
+        _check_case_mapping(label, [by_name[n] for n in read], table)
+    as_text = tuple(
+        (c.name, by_name[c.name].type_name)
+        for c in shape.output_columns
+        if not values.is_supported(c.type_oid)
+    )
+    return CheckedShape(shape, relation, as_text)
+
+
+def _check_column(
+    label: str, role: str, name: str, columns: Mapping[str, CatalogColumn], where: str
+) -> None:
+    column = columns.get(name)
+    shown = format_identifier(name)
+    if column is None:
+        published = [c.name for c in columns.values() if not c.generated]
+        raise ShapeError(
+            f"{label} {role} column {shown}, which {where} does not have"
+            f"{_did_you_mean(name, published)}; available columns: "
+            f"{', '.join(format_identifier(c) for c in published)}"
+        )
+    if column.generated:
+        raise ShapeError(
+            f"{label} {role} column {shown} of {where}, a generated column: logical "
+            "replication does not send generated columns, so tidemark never sees its values; "
+            "use the columns it is computed from"
+        )
+
+
+def _check_predicate_column(label: str, column: CatalogColumn, table: CatalogTable) -> None:
+    shown = f"{format_identifier(column.name)} of {table.qualified_name}"
+    oid = table.domain_bases.get(column.type_oid, (column.type_oid, 0))[0]
+    t = sql_type(oid)
+    if t is None:
+        kind = _TYPE_KINDS.get(column.type_kind)
+        described = f"{column.type_name} ({kind})" if kind else column.type_name
+        raise ShapeError(
+            f"{label}: the predicate reads column {shown}, of type {described}, which shape "
+            "predicates cannot evaluate exactly; they read "
+            + ", ".join(s.name for s in SCALARS)
+            + " and arrays of most of them. Filter on another column, or remove it from "
+            "'where'"
+        )
+    if t.family != "text" and not (t.element is not None and t.element.family == "text"):
+        return
+    if table.encoding != "UTF8":
+        raise ShapeError(
+            f"{label}: the predicate reads text column {shown}, but the database encoding "
+            f"is {table.encoding}; tidemark evaluates text predicates on UTF-8 only"
+        )
+    collation = column.collation
+    if collation is not None and not collation.deterministic:
+        raise ShapeError(
+            f"{label}: the predicate reads column {shown}, whose collation "
+            f"{format_identifier(collation.name)} is nondeterministic (equal strings may "
+            "differ in bytes), which tidemark cannot reproduce; filter on another column"
+        )
+
+
+def _check_case_mapping(label: str, read: Sequence[CatalogColumn], table: CatalogTable) -> None:
+    collations = [table.database_collation] + [c.collation for c in read if c.collation]
+    ascii_only = [c for c in collations if c.ascii_case_only]
+    if ascii_only:
+        raise ShapeError(
+            f"{label}: lower(), upper() and ILIKE change ASCII letters only under collation "
+            f"ctype {ascii_only[0].ctype!r} (database or column of {table.qualified_name}), "
+            'while tidemark would map every letter; say so explicitly with COLLATE "C", '
+            "e.g. lower(name COLLATE \"C\") = 'abc' or name ILIKE 'a%' COLLATE \"C\""
+        )
+
+
+def _did_you_mean(wanted: str, candidates: Iterable[str]) -> str:
+    """'; did you mean x?' for candidate column names close to ``wanted``, or ''."""
+    return _suggest([format_identifier(c) for c in _close(wanted, candidates)])
+
+
+def _close(wanted: str, candidates: Iterable[str]) -> list[str]:
+    pool = list(candidates)
+    same_letters = [c for c in pool if c.lower() == wanted.lower() and c != wanted]
+    return same_letters or difflib.get_close_matches(wanted, pool, n=3, cutoff=0.6)
+
+
+def _suggest(names: Sequence[str]) -> str:
+    return "; did you mean " + " or ".join(names) + "?" if names else ""
+
+
+def missing_table_error(definition: ShapeDefinition, existing: Iterable[tuple[str, str]]) -> str:
+    """The message for a table that does not exist, with the closest existing names
+    (same schema first; a name differing only in case suggests its quoted spelling)."""
+    shown = {(s, n): f"{format_identifier(s)}.{format_identifier(n)}" for s, n in existing}
+    schema, name = definition.schema_name, definition.table_name
+    in_schema = {n: q for (s, n), q in shown.items() if s == schema}
+    close = [in_schema[n] for n in _close(name, in_schema)]
+    if not close:  # the same or a close name in another schema
+        by_name: dict[str, list[str]] = {}
+        for (_, n), q in shown.items():
+            by_name.setdefault(n, []).append(q)
+        close = [q for n in _close(name, by_name) for q in sorted(by_name[n])]
+    return f"shape {definition.name!r}: table {definition.table} does not exist{_suggest(close)}"
+
+
+# --------------------------------------------------------------------------------------
+# reading the catalog
+
+_TABLE: Final = """
+select c.oid, c.relkind, c.relreplident, has_table_privilege(c.oid, 'SELECT')
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where n.nspname = %s and c.relname = %s
+"""
+_CANDIDATES: Final = """
+select n.nspname, c.relname
+from pg_class c join pg_namespace n on n.oid = c.relnamespace
+where c.relkind in ('r', 'p', 'v', 'm', 'f')
+  and n.nspname not in ('pg_catalog', 'information_schema') and n.nspname !~ '^pg_toast'
+"""
+_COLUMNS: Final = """
+select a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), t.typtype,
+       a.attgenerated <> '', a.attcollation, co.collname, co.collprovider,
+       coalesce(to_jsonb(co) ->> 'colllocale', to_jsonb(co) ->> 'colliculocale', co.collctype),
+       co.collisdeterministic
+from pg_attribute a
+join pg_type t on t.oid = a.atttypid
+left join pg_collation co on co.oid = a.attcollation
+where a.attrelid = %s and a.attnum > 0 and not a.attisdropped
+order by a.attnum
+"""
+_INDEX_COLUMNS: Final = """
+select a.attname
+from pg_index i
+cross join lateral unnest(i.indkey) with ordinality as k(attnum, position)
+join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
+where i.indrelid = %s and i.{flag}
+order by k.position
+"""
+_DOMAIN_CHAIN: Final = """
+with recursive chain(oid, typtype, typbasetype, typtypmod, depth) as (
+    select oid, typtype, typbasetype, typtypmod, 0 from pg_type where oid = %s
+    union all
+    select t.oid, t.typtype, t.typbasetype, t.typtypmod, c.depth + 1
+    from chain c join pg_type t on t.oid = c.typbasetype
+    where c.typtype = 'd'
+)
+select oid, typtype, typtypmod from chain order by depth
+"""
+_DATABASE: Final = """
+select pg_encoding_to_char(d.encoding), d.datlocprovider,
+       case when d.datlocprovider = 'c' then d.datctype
+            else coalesce(to_jsonb(d) ->> 'datlocale', to_jsonb(d) ->> 'daticulocale') end
+from pg_database d where d.datname = current_database()
+"""
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+async def _rows(conn: Conn, query: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+    cursor = await conn.execute(query, params)
+    return list(await cursor.fetchall())
+
+
+async def read_table(conn: Conn, definition: ShapeDefinition) -> CatalogTable:
+    """The catalog's facts about ``definition``'s table (ShapeError if it is missing)."""
+    found = await _rows(conn, _TABLE, (definition.schema_name, definition.table_name))
+    if not found:
+        existing = await _rows(conn, _CANDIDATES)
+        raise ShapeError(missing_table_error(definition, [(s, n) for s, n in existing]))
+    oid, kind, identity, can_select = found[0]
+    encoding, provider, locale = (await _rows(conn, _DATABASE))[0]
+    database_collation = Collation("default", provider, locale or "", True)
+    columns = []
+    domains: dict[int, tuple[int, int]] = {}
+    for row in await _rows(conn, _COLUMNS, (oid,)):
+        name, type_oid, typmod, type_name, type_kind, generated = row[:6]
+        collation_oid, collation_name, collation_provider, ctype, deterministic = row[6:]
+        collation = None
+        if collation_oid and collation_oid != _DEFAULT_COLLATION and collation_name is not None:
+            collation = Collation(collation_name, collation_provider, ctype or "", deterministic)
+        if type_kind == "d" and type_oid not in domains:
+            domains[type_oid] = await _domain_base(conn, type_oid)
+        columns.append(
+            CatalogColumn(name, type_oid, typmod, type_name, type_kind, generated, collation)
+        )
+    primary_key = [
+        r[0] for r in await _rows(conn, _INDEX_COLUMNS.format(flag="indisprimary"), (oid,))
+    ]
+    identity_index: list[str] = []
+    if identity == "i":
+        query = _INDEX_COLUMNS.format(flag="indisreplident")
+        identity_index = [r[0] for r in await _rows(conn, query, (oid,))]
+    return CatalogTable(
+        oid=oid,
+        schema=definition.schema_name,
+        name=definition.table_name,
+        kind=kind,
+        replica_identity=identity,
+        columns=tuple(columns),
+        primary_key=tuple(primary_key),
+        identity_index=tuple(identity_index),
+        can_select=can_select,
+        domain_bases=domains,
+        encoding=encoding,
+        database_collation=database_collation,
+    )
+
+
+async def _domain_base(conn: Conn, domain_oid: int) -> tuple[int, int]:
+    """(base type oid, typmod) under a chain of domains; the outermost typmod wins."""
+    chain = await _rows(conn, _DOMAIN_CHAIN, (domain_oid,))
+    typmod = next((m for _, kind, m in chain if kind == "d" and m >= 0), -1)
+    return chain[-1][0], typmod
+
+
+async def validate_shape(conn: Conn, definition: ShapeDefinition) -> CheckedShape:
+    """Read ``definition``'s table from the catalog and check and bind the shape."""
+    return check_shape(definition, await read_table(conn, definition))

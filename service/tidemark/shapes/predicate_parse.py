@@ -1,0 +1,313 @@
+"""The form of a shape predicate: parsed with sqlglot and checked construct by construct.
+
+``parse_predicate(text, table)`` promises that the returned ``ParsedPredicate`` holds
+one expression built only from the constructs the compiler supports (the node types in ``_ALLOWED``;
+the list is in ``tidemark.shapes.predicate``), with every column reference reduced
+to one quoted identifier holding its exact catalog name (unquoted names folded to
+lower case, a qualifier naming the shape's own table dropped). Anything else raises
+``ShapeError`` naming the construct and, where there is one, the alternative:
+sub-queries, aggregates, window functions, parameters, non-deterministic or unknown
+functions, unsupported operators, other tables' columns, several statements,
+collations other than ``"C"``/``"POSIX"``.
+
+Types are not looked at here; ``tidemark.shapes.typer`` does that against a table's
+columns. The tree is mutated only while parsing (``$$...$$`` strings become plain
+literals, comments are dropped), never afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from tidemark.errors import ShapeError
+from tidemark.shapes.identifiers import fold_identifier
+
+COMPARISONS: Final[dict[type[exp.Expression], str]] = {
+    exp.EQ: "=",
+    exp.NEQ: "<>",
+    exp.LT: "<",
+    exp.LTE: "<=",
+    exp.GT: ">",
+    exp.GTE: ">=",
+}
+ARITHMETIC: Final[dict[type[exp.Expression], str]] = {
+    exp.Add: "+",
+    exp.Sub: "-",
+    exp.Mul: "*",
+    exp.Div: "/",
+    exp.Mod: "%",
+}
+_FUNCTIONS: Final = "lower, upper, length, char_length, abs, coalesce, nullif"
+_ALLOWED: Final[frozenset[type[exp.Expression]]] = frozenset(
+    {
+        *COMPARISONS,
+        exp.And,
+        exp.Or,
+        exp.Not,
+        exp.Paren,
+        exp.Is,
+        exp.In,
+        exp.Between,
+        exp.Like,
+        exp.ILike,
+        exp.Escape,
+        exp.Add,
+        exp.Sub,
+        exp.Mul,
+        exp.Div,
+        exp.Mod,
+        exp.Neg,
+        exp.Cast,
+        exp.DataType,
+        exp.DataTypeParam,
+        exp.Column,
+        exp.Identifier,
+        exp.Literal,
+        exp.Null,
+        exp.Boolean,
+        exp.Lower,
+        exp.Upper,
+        exp.Length,
+        exp.Coalesce,
+        exp.Abs,
+        exp.Nullif,
+        exp.ArrayContainsAll,
+        exp.ArrayContainedBy,
+        exp.ArrayOverlaps,
+        exp.Array,
+        exp.Any,
+        exp.NullSafeEQ,
+        exp.NullSafeNEQ,
+        exp.Collate,
+        exp.Anonymous,
+    }
+)
+_NON_DETERMINISTIC: Final = frozenset(
+    {
+        "now",
+        "random",
+        "setseed",
+        "nextval",
+        "currval",
+        "lastval",
+        "setval",
+        "clock_timestamp",
+        "statement_timestamp",
+        "transaction_timestamp",
+        "timeofday",
+        "txid_current",
+        "pg_current_xact_id",
+        "gen_random_uuid",
+        "uuid_generate_v1",
+        "uuid_generate_v4",
+        "inet_client_addr",
+        "pg_backend_pid",
+        "current_setting",
+        "pg_postmaster_start_time",
+    }
+)
+_NON_DETERMINISTIC_NODES: Final = tuple(
+    getattr(exp, name)
+    for name in (
+        "CurrentTimestamp",
+        "CurrentDate",
+        "CurrentTime",
+        "CurrentDatetime",
+        "CurrentUser",
+        "CurrentSchema",
+        "Localtimestamp",
+        "Localtime",
+        "Rand",
+        "Uuid",
+        "CurrentTimestampLTZ",
+    )
+    if hasattr(exp, name)
+)
+_OPERATOR_NAMES: Final = {
+    "JSONExtract": "->",
+    "JSONExtractScalar": "->>",
+    "JSONBExtract": "#>",
+    "JSONBExtractScalar": "#>>",
+    "JSONBContains": "?",
+    "DPipe": "||",
+    "BitwiseAnd": "&",
+    "BitwiseOr": "|",
+    "BitwiseXor": "#",
+    "BitwiseNot": "~",
+    "BitwiseLeftShift": "<<",
+    "BitwiseRightShift": ">>",
+    "RegexpLike": "~",
+    "RegexpILike": "~*",
+    "SimilarTo": "SIMILAR TO",
+    "Pow": "^",
+    "Sqrt": "|/",
+    "Cbrt": "||/",
+    "Distance": "<->",
+    "Overlaps": "OVERLAPS",
+    "Glob": "GLOB",
+    "Xor": "XOR",
+    "Dot": ".",
+}
+ANY_ALL_NAMES: Final = frozenset({"ALL", "SOME"})
+_QUERY_NODES: Final = tuple(
+    getattr(exp, name)
+    for name in ("Subquery", "Select", "Exists", "Union", "Query")
+    if hasattr(exp, name)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedPredicate:
+    """A predicate whose form is valid; not yet typed against a table."""
+
+    text: str
+    tree: exp.Expression = field(repr=False)
+    columns_read: frozenset[str]
+
+
+def unsupported(node: exp.Expression) -> ShapeError:
+    sql = node.sql(dialect="postgres")
+    name = type(node).__name__
+    if isinstance(node, _QUERY_NODES):
+        return ShapeError(f"sub-queries are not supported in a shape predicate: {sql}")
+    if isinstance(node, _NON_DETERMINISTIC_NODES):
+        return ShapeError(
+            f"function {sql} is not allowed in a shape predicate: it is not deterministic, "
+            "so whether a row belongs to the shape would depend on when it was read"
+        )
+    if isinstance(node, exp.AggFunc):
+        return ShapeError(f"aggregate function {sql} is not allowed in a shape predicate")
+    if isinstance(node, exp.Window):
+        return ShapeError(f"window function {sql} is not allowed in a shape predicate")
+    if isinstance(node, exp.Placeholder | exp.Parameter):
+        return ShapeError(
+            f"parameter {sql} is not supported in a shape predicate: write the value as a literal"
+        )
+    if isinstance(node, exp.Alias):
+        return ShapeError(
+            f"a shape predicate must be a single boolean expression, not an alias ({sql})"
+        )
+    if isinstance(node, exp.Bracket):
+        return ShapeError(f"array subscripts are not supported in a shape predicate: {sql}")
+    if isinstance(node, exp.Interval):
+        return ShapeError(f"interval values are not supported in a shape predicate: {sql}")
+    if isinstance(node, exp.Case | exp.If):
+        return ShapeError(f"CASE expressions are not supported in a shape predicate: {sql}")
+    if isinstance(node, exp.ByteString):
+        return ShapeError(
+            f"escape string constants (E'...') are not supported in a shape predicate: {sql}; "
+            "write the characters in a standard '...' string"
+        )
+    if isinstance(node, exp.HexString | exp.BitString | exp.UnicodeString):
+        return ShapeError(f"constant {sql} is not supported in a shape predicate")
+    if isinstance(node, exp.Star):
+        return ShapeError("'*' is not allowed in a shape predicate")
+    if name in _OPERATOR_NAMES:
+        return ShapeError(f"operator '{_OPERATOR_NAMES[name]}' is not supported: {sql}")
+    if isinstance(node, exp.Func):
+        fname = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+        if fname.lower() in _NON_DETERMINISTIC:
+            return ShapeError(
+                f"function {fname.lower()}() is not allowed in a shape predicate: it is not "
+                "deterministic"
+            )
+        return ShapeError(
+            f"function {fname.lower()}() is not supported in a shape predicate "
+            f"(supported: {_FUNCTIONS})"
+        )
+    return ShapeError(f"{sql} ({name}) is not supported in a shape predicate")
+
+
+def parse_predicate(text: str, table: tuple[str, str] | None = None) -> ParsedPredicate:
+    """Parse and validate the form of ``text``; ``table`` = (schema, name) it filters.
+
+    Column references may be qualified with the table's own name (``orders.id`` or
+    ``public.orders.id``); the qualifier is dropped. Raises ShapeError.
+    """
+    if not text.strip():
+        raise ShapeError("the shape predicate is empty: omit 'where' to take every row")
+    try:
+        parsed = sqlglot.parse(text, read="postgres")
+    except (ParseError, TokenError) as e:
+        raise ShapeError(f"the shape predicate {text!r} is not valid SQL: {e}") from e
+    statements = [s for s in parsed if s is not None]
+    if len(statements) != 1:
+        raise ShapeError(
+            f"a shape predicate must be a single boolean expression; {text!r} holds "
+            f"{len(statements)} statements"
+        )
+    tree = statements[0]
+    assert isinstance(tree, exp.Expression)
+    columns: set[str] = set()
+    for node in list(tree.walk()):
+        assert isinstance(node, exp.Expression)
+        kind = type(node)
+        if kind is exp.RawString:  # $$...$$: the same string; regenerated as '...'
+            node.replace(exp.Literal.string(node.this))
+            continue
+        if kind not in _ALLOWED:
+            raise unsupported(node)
+        if kind is exp.Anonymous:
+            _check_any_all(node)
+        elif kind is exp.In and any(node.args.get(k) for k in ("query", "unnest", "field")):
+            raise ShapeError(f"sub-queries are not supported in a shape predicate: {node.sql()}")
+        elif kind is exp.Cast and node.args.get("format") is not None:
+            raise ShapeError(f"CAST ... FORMAT is not supported: {node.sql()}")
+        elif kind is exp.Length and (node.args.get("encoding") or node.args.get("binary")):
+            raise ShapeError(f"length() with an encoding is not supported: {node.sql()}")
+        elif kind is exp.Collate:
+            _check_collation(node)
+        elif isinstance(node, exp.Column) and kind is exp.Column:
+            columns.add(_normalise_column(node, table))
+        elif kind is exp.Identifier and isinstance(node.parent, exp.Column):
+            continue
+        node.comments = None
+    tree.comments = None
+    return ParsedPredicate(text=text, tree=tree, columns_read=frozenset(columns))
+
+
+def _check_any_all(node: exp.Expression) -> None:
+    name = node.name.upper()
+    parent = node.parent
+    if (
+        name not in ANY_ALL_NAMES
+        or type(parent) not in COMPARISONS
+        or parent is None
+        or parent.expression is not node
+        or len(node.expressions) != 1
+    ):
+        raise unsupported(node)
+
+
+def _check_collation(node: exp.Expression) -> None:
+    collation = node.expression
+    name = collation.name if isinstance(collation, exp.Identifier | exp.Column) else ""
+    if name not in ("C", "POSIX"):
+        raise ShapeError(
+            f"collation {collation.sql()} is not supported in a shape predicate; only "
+            '"C" (byte order) can be evaluated outside the database'
+        )
+
+
+def _normalise_column(node: exp.Column, table: tuple[str, str] | None) -> str:
+    parts = [p for p in (node.args.get(k) for k in ("catalog", "db", "table")) if p is not None]
+    if parts:
+        given = [fold_identifier(p.name, bool(p.args.get("quoted"))) for p in parts]
+        if table is None or given not in ([table[1]], [table[0], table[1]]):
+            raise ShapeError(
+                f"column reference {node.sql(dialect='postgres')} names another table; a "
+                "shape predicate can only read columns of its own table"
+            )
+        for key in ("catalog", "db", "table"):
+            node.set(key, None)
+    ident = node.this
+    if not isinstance(ident, exp.Identifier):
+        raise unsupported(node)
+    name = fold_identifier(ident.name, bool(ident.args.get("quoted")))
+    node.set("this", exp.Identifier(this=name, quoted=True))
+    return name
