@@ -51,7 +51,7 @@ from tidemark.replication.client import (
 )
 from tidemark.replication.monitor import ReplicationMonitor, Violation
 from tidemark.replication.slot import add_tables_to_publication
-from tidemark.shapes.catalog import validate_shape
+from tidemark.shapes.catalog import check_shape, read_table, validate_shape
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
 from tidemark.shapes.registry import ShapeRegistry
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, state_dir, store_frontiers
@@ -108,10 +108,13 @@ class Service:
         flush = settings.flush
         self.scheduler: FlushScheduler | None = None
         self.policy = FlushPolicy(
-            max_rows=flush.max_rows, max_bytes=flush.max_bytes, max_age_s=flush.max_age_s,
-            concurrency=flush.concurrency, memory_budget=flush.memory_budget_bytes,
+            max_rows=flush.max_rows,
+            max_bytes=flush.max_bytes,
+            max_age_s=flush.max_age_s,
+            concurrency=flush.concurrency,
+            memory_budget=flush.memory_budget_bytes,
             stage_bytes=flush.stage_bytes,
-        )  # fmt: skip
+        )
         self.client: ReplicationClient | None = None
         self.monitor: ReplicationMonitor | None = None
         self._stop = asyncio.Event()
@@ -119,31 +122,44 @@ class Service:
         self._last_keepalive_end: int | None = None
         self._frontiers_dirty = True
         self._txn_arrivals: list[tuple[int, float]] = []  # (commit lsn, monotonic) for ack lag
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- shapes ------------------------------------------------------------------
 
     async def _source(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
         return await psycopg.AsyncConnection.connect(self.settings.source.dsn, autocommit=True)
 
-    async def _activate(self, definition: ShapeDefinition, origin: str,
-                        conn: psycopg.AsyncConnection[tuple[Any, ...]]) -> ShapeStatus:  # fmt: skip
+    async def _activate(
+        self,
+        definition: ShapeDefinition,
+        origin: str,
+        conn: psycopg.AsyncConnection[tuple[Any, ...]],
+    ) -> ShapeStatus:
         """Validate against the catalog, create the table and writer, start routing."""
-        checked = await validate_shape(conn, definition)
+        catalog = await read_table(conn, definition)
+        checked = check_shape(definition, catalog)
         bound = checked.shape
         table = ShapeTable(self.settings.sink.root, definition.name)
         specs = column_specs(bound)
         await asyncio.to_thread(
-            table.create, table_schema(specs), list(bound.primary_key),
+            table.create,
+            table_schema(specs),
+            list(bound.primary_key),
             definition.model_dump(mode="json"),
-        )  # fmt: skip
+        )
         writer = ShapeWriter(table, specs, self.tracker.handle_flush_notification)
         assert self.scheduler is not None
         self.scheduler.add(writer)
-        self.collector.add_shape(bound, writer)
+        self.collector.add_shape(bound, writer, catalog.domain_bases)
         status = ShapeStatus(definition, origin, as_text=checked.as_text)
         self.shapes[definition.name] = status
-        log.info("shape.active", shape=definition.name, table=definition.table,
-                 committed_lsn=writer.committed_lsn, where=definition.where)  # fmt: skip
+        log.info(
+            "shape.active",
+            shape=definition.name,
+            table=definition.table,
+            committed_lsn=writer.committed_lsn,
+            where=definition.where,
+        )
         return status
 
     async def add_shape(self, definition: ShapeDefinition, *, origin: str = "api") -> ShapeStatus:
@@ -172,9 +188,14 @@ class Service:
         if self.scheduler is not None:
             self.scheduler.remove(name)
         self.shapes.pop(name, None)
-        for metric in (self.metrics.shape_frontier_lsn, self.metrics.shape_pending_rows,
-                       self.metrics.shape_pending_bytes, self.metrics.shape_stalled,
-                       self.metrics.shape_committed_lsn, self.metrics.shape_lag_bytes):  # fmt: skip
+        for metric in (
+            self.metrics.shape_frontier_lsn,
+            self.metrics.shape_pending_rows,
+            self.metrics.shape_pending_bytes,
+            self.metrics.shape_stalled,
+            self.metrics.shape_committed_lsn,
+            self.metrics.shape_lag_bytes,
+        ):
             with contextlib.suppress(KeyError):
                 metric.remove(name)
         log.info("shape.removed", shape=name)
@@ -190,9 +211,53 @@ class Service:
         assert self.scheduler is not None
         writer = self.scheduler.writers.get(shape.name)
         if writer is not None:
+            added = [
+                c.name
+                for c in shape.output_columns
+                if c.name not in {s.name for s in writer.columns}
+            ]
             writer.set_columns(column_specs(shape))
-            log.info("shape.columns_changed", shape=shape.name,
-                     columns=[c.name for c in shape.output_columns])  # fmt: skip
+            if added:
+                task = asyncio.create_task(self._check_added_columns(shape, added))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            log.info(
+                "shape.columns_changed",
+                shape=shape.name,
+                columns=[c.name for c in shape.output_columns],
+            )
+
+    async def _check_added_columns(self, shape: BoundShape, added: list[str]) -> None:
+        """An added column with a default gave every existing row a value that no
+        change carried (a fast default, or a rewrite the stream does not show): the
+        shape's table cannot be completed from the stream and needs a resync."""
+        rel = shape.relation
+        try:
+            conn = await self._source()
+            try:
+                cur = await conn.execute(
+                    "select a.attname from pg_attribute a"
+                    " join pg_class c on c.oid = a.attrelid"
+                    " join pg_namespace n on n.oid = c.relnamespace"
+                    " left join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum"
+                    " where n.nspname = %s and c.relname = %s and a.attname = any(%s)"
+                    " and (a.atthasmissing or d.adbin is not null)",
+                    (rel.namespace, rel.name, added),
+                )
+                with_default = [r[0] for r in await cur.fetchall()]
+            finally:
+                await conn.close()
+        except psycopg.Error as exc:
+            log.warning("shape.column_check_failed", shape=shape.name, error=str(exc))
+            return
+        if with_default:
+            self.collector.mark_resync(
+                ShapeResync(
+                    shape.name,
+                    f"column(s) {with_default} of {rel.namespace}.{rel.name} were added with a "
+                    "default: existing rows got a value no change carried",
+                )
+            )
 
     # -- acknowledgement -----------------------------------------------------------
 
@@ -289,22 +354,28 @@ class Service:
                 )
             self.scheduler = FlushScheduler(self.spark, self.policy, on_commit=self._on_commit)
             tables = await self._start_shapes()
-            self.client = ReplicationClient(SourceConfig(
-                dsn=settings.source.dsn, slot=settings.source.slot,
-                publication=settings.source.publication,
-                publication_tables=None if settings.source.publish_all_tables else tuple(tables),
-                create_publication=settings.source.create_publication,
-                create_slot=settings.source.create_slot,
-                reconnect_max_s=settings.source.reconnect_max_s,
-            ))  # fmt: skip
+            self.client = ReplicationClient(
+                SourceConfig(
+                    dsn=settings.source.dsn,
+                    slot=settings.source.slot,
+                    publication=settings.source.publication,
+                    publication_tables=None
+                    if settings.source.publish_all_tables
+                    else tuple(tables),
+                    create_publication=settings.source.create_publication,
+                    create_slot=settings.source.create_slot,
+                    reconnect_max_s=settings.source.reconnect_max_s,
+                )
+            )
             self.monitor = ReplicationMonitor(
-                settings.source.dsn, settings.source.slot,
+                settings.source.dsn,
+                settings.source.slot,
                 walsender_pid=lambda: self.client.stats.walsender_pid if self.client else None,
                 sent_history=lambda: self.client.stats.history if self.client else [],
                 durable_frontier=self._durable_frontier,
                 period_s=settings.monitor.period_s,
                 on_violation=self._on_violation,
-            )  # fmt: skip
+            )
             async with asyncio.TaskGroup() as group:
                 tasks = [
                     group.create_task(self.client.run(), name="replication"),
@@ -319,8 +390,13 @@ class Service:
                 group.create_task(self._shutdown_when_asked(tasks), name="shutdown")
         except* Exception as errors:
             for exc in errors.exceptions:
-                log.error("service.crashed", error=str(exc), type=type(exc).__name__,
-                          phase=self.phase, exc_info=exc)  # fmt: skip
+                log.error(
+                    "service.crashed",
+                    error=str(exc),
+                    type=type(exc).__name__,
+                    phase=self.phase,
+                    exc_info=exc,
+                )
             self.phase = "failed"
             raise errors.exceptions[0] from None
         finally:
@@ -332,8 +408,12 @@ class Service:
         declared = [ShapeDefinition(**s.model_dump()) for s in self.settings.shapes]
         result = self.registry.reconcile(declared)
         if result.added or result.removed or result.changed:
-            log.info("shapes.reconciled", added=result.added, removed=result.removed,
-                     changed=result.changed)  # fmt: skip
+            log.info(
+                "shapes.reconciled",
+                added=result.added,
+                removed=result.removed,
+                changed=result.changed,
+            )
         conn = await self._source()
         tables: list[str] = []
         try:
@@ -372,8 +452,12 @@ class Service:
         for task in tasks:
             task.cancel()
         self.phase = "stopped"
-        log.info("service.stopped", flushed_lsn=format_lsn(self.client.feedback.flush_lsn)
-                 if self.client and self.client.feedback else None)  # fmt: skip
+        log.info(
+            "service.stopped",
+            flushed_lsn=format_lsn(self.client.feedback.flush_lsn)
+            if self.client and self.client.feedback
+            else None,
+        )
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -441,8 +525,11 @@ class Service:
         shapes = {}
         for name, frontier in progress.frontiers.items():
             writer = self.scheduler.writers.get(name) if self.scheduler else None
-            shapes[name] = ShapeFrontier(frontier, writer.committed_lsn if writer else None,
-                                         self.shapes[name].state == "active")  # fmt: skip
+            shapes[name] = ShapeFrontier(
+                frontier,
+                writer.committed_lsn if writer else None,
+                self.shapes[name].state == "active",
+            )
         store_frontiers(self.settings.sink.root, Frontiers(progress.flushed_lsn, shapes))
         self._frontiers_dirty = False
 
@@ -477,8 +564,9 @@ class Service:
             writer.in_flight = True  # keeps the scheduler off this shape meanwhile
             try:
                 await asyncio.to_thread(writer.table.compact)
-                await asyncio.to_thread(writer.table.vacuum,
-                                        self.settings.sink.vacuum_retention_hours)  # fmt: skip
+                await asyncio.to_thread(
+                    writer.table.vacuum, self.settings.sink.vacuum_retention_hours
+                )
             except TidemarkError as exc:
                 log.warning("maintenance.failed", shape=name, error=str(exc))
             finally:

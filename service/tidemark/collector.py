@@ -4,7 +4,8 @@ The collector follows the stream one message at a time, so a transaction of any
 size flows through in pieces (the consumer yields to backpressure between
 fragments of at most ``fragment_changes`` changes):
 
-* ``Relation``: the relation cache is updated and the shapes of that table are
+* ``Relation``: domain-typed columns are read as their base types (as the catalog
+  check did), the relation cache is updated and the shapes of that table are
   (re)bound to the new column layout (``ShapeIndex.update_relation``): added
   columns flow on (the writer's schema evolves), dropped ones become NULL, and a
   shape that cannot follow (a type change of a column it uses) is reported for
@@ -29,7 +30,7 @@ Pure: no IO, no clock, no logging; the service reacts to what it returns.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from tidemark.flush.tracker import CommitFragment, FlushTracker
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput import messages as m
 from tidemark.pgoutput.relations import RelationCache
+from tidemark.shapes.catalog import resolve_domains
 from tidemark.shapes.convert import convert, convert_truncate
 from tidemark.shapes.model import BoundShape, ShapeResync, rebind
 from tidemark.shapes.routing import ShapeIndex
@@ -89,16 +91,27 @@ class ShapeLogCollector:
         self._shapes: dict[str, tuple[TableKey, BoundShape]] = {}
         self._writers: dict[str, ShapeWriter] = {}
         self._indexes: dict[int, ShapeIndex] = {}  # by relation oid
+        self._domains: dict[TableKey, Mapping[int, tuple[int, int]]] = {}
         self._txn: _Txn | None = None
         self._skipping = False
         self.last_commit_lsn: int | None = None
 
     # -- shapes ----------------------------------------------------------------
 
-    def add_shape(self, shape: BoundShape, writer: ShapeWriter) -> None:
-        """Start routing to ``shape`` (bound against the catalog) through ``writer``."""
+    def add_shape(
+        self,
+        shape: BoundShape,
+        writer: ShapeWriter,
+        domain_bases: Mapping[int, tuple[int, int]] | None = None,
+    ) -> None:
+        """Start routing to ``shape`` (bound against the catalog) through ``writer``.
+
+        ``domain_bases`` (domain oid -> base type) is the catalog's, for this table.
+        """
         rel = shape.relation
         key = (rel.namespace or "pg_catalog", rel.name)
+        if domain_bases:
+            self._domains[key] = domain_bases
         self._shapes[shape.name] = (key, shape)
         self._writers[shape.name] = writer
         for index in self._indexes.values():
@@ -136,6 +149,10 @@ class ShapeLogCollector:
         self._shapes[shape.name] = (self._shapes[shape.name][0], rebound)
         if rebound.output_columns != shape.output_columns and self._on_columns_changed:
             self._on_columns_changed(rebound)
+
+    def mark_resync(self, resync: ShapeResync) -> None:
+        """Stop feeding a shape the stream can no longer describe exactly."""
+        self._resync(resync)
 
     def _resync(self, resync: ShapeResync) -> None:
         self.stats.resyncs.append(resync)
@@ -195,8 +212,11 @@ class ShapeLogCollector:
 
     def _relation(self, rel: m.Relation) -> None:
         self.stats.relations += 1
-        self.relations.update(rel)
         key = table_key_of(rel)
+        domains = self._domains.get(key)
+        if domains:
+            rel = resolve_domains(rel, domains)
+        self.relations.update(rel)
         index = self._indexes.get(rel.oid)
         if index is not None:
             before = {s.name: s.output_columns for s in index.shapes}

@@ -40,12 +40,20 @@ class Comparison:
         return self.expected == self.got and self.duplicates == 0
 
     def describe(self, limit: int = 5) -> str:
-        missing = sorted(self.expected - self.got, key=repr)[:limit]
-        extra = sorted(self.got - self.expected, key=repr)[:limit]
+        missing = [_short(r) for r in sorted(self.expected - self.got, key=repr)[:limit]]
+        extra = [_short(r) for r in sorted(self.got - self.expected, key=repr)[:limit]]
         return (
             f"{self.shape}: {len(self.expected)} rows on Postgres, {len(self.got)} in the "
             f"lake, {self.duplicates} duplicated; missing {missing}; unexpected {extra}"
         )
+
+
+def _short(row: tuple[Any, ...], width: int = 40) -> tuple[Any, ...]:
+    """A row for a message: long values cut to ``width`` characters."""
+    return tuple(
+        f"{v[:width]}...({len(v)} chars)" if isinstance(v, str) and len(v) > width else v
+        for v in row
+    )
 
 
 def compare_shape(

@@ -105,10 +105,20 @@ def test_arrow_batch_has_typed_columns_and_expanded_metadata() -> None:
     assert table.column("_commit_ts").cast(pa.int64()).to_pylist() == [100_000 + PG_EPOCH_US] * 2
 
 
-def test_arrow_batch_refuses_rows_of_the_wrong_width() -> None:
+def test_rows_from_before_an_added_column_get_null_for_it() -> None:
     buf = ShapeBuffer("s")
-    txn(buf, 100, [("insert", (b"1", b"a"))])
+    txn(buf, 100, [("insert", (b"1", b"a"))])  # buffered while the table had 2 columns
+    txn(buf, 200, [("insert", (b"2", b"b", b"x"))])
     batch = buf.take_batch()
     assert batch is not None
-    with pytest.raises(ValueError, match="2 values, the shape has 3"):
+    table = build_table(table_schema(SPECS), SPECS, batch.rows)
+    assert table.column("big").to_pylist() == [None, "x"]
+
+
+def test_arrow_batch_refuses_rows_wider_than_the_shape() -> None:
+    buf = ShapeBuffer("s")
+    txn(buf, 100, [("insert", (b"1", b"a", b"x", b"extra"))])
+    batch = buf.take_batch()
+    assert batch is not None
+    with pytest.raises(ValueError, match="4 values, the shape has 3"):
         build_table(table_schema(SPECS), SPECS, batch.rows)

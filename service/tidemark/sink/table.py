@@ -190,9 +190,7 @@ class ShapeTable:
             if added:
                 from deltalake.schema import Field
 
-                self.table().alter.add_columns(
-                    [Field.from_arrow(f) for f in added]
-                )
+                self.table().alter.add_columns([Field.from_arrow(f) for f in added])
                 log.info("table.columns_added", shape=self.shape, columns=[f.name for f in added])
             return [f.name for f in added]
 

@@ -4,7 +4,8 @@ The values of each output column are gathered with one ``zip(*rows)`` and
 converted by ``tidemark.pgoutput.values.to_arrow`` (Arrow casts the text in bulk);
 per-transaction metadata runs are expanded with list repetition. No per-value
 Python work happens here except replacing UNCHANGED_TOAST markers by NULL in the
-rare batches that have them.
+rare batches that have them, and padding rows buffered before a column was added
+upstream (columns are only ever appended: a dropped column keeps its place as NULL).
 """
 
 from __future__ import annotations
@@ -23,9 +24,15 @@ PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
 
 def build_table(schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows) -> pa.Table:
     n = len(rows)
-    columns = list(zip(*rows.values, strict=True)) if n else [() for _ in specs]
-    if len(columns) != len(specs):
-        raise ValueError(f"rows have {len(columns)} values, the shape has {len(specs)} columns")
+    tuples: Sequence[tuple[object, ...]] = rows.values
+    width = len(specs)
+    widths = set(map(len, tuples))
+    if widths and widths != {width}:
+        if max(widths) > width:
+            raise ValueError(f"rows have {max(widths)} values, the shape has {width} columns")
+        # rows buffered before a column was added upstream: it is NULL for them
+        tuples = [v + (None,) * (width - len(v)) if len(v) < width else v for v in tuples]
+    columns = list(zip(*tuples, strict=True)) if n else [() for _ in specs]
     arrays: list[pa.Array] = []
     for spec, column in zip(specs, columns, strict=True):
         values: Sequence[object] = column
