@@ -1,0 +1,67 @@
+"""Run the real service in-process (sharing the test Spark session) and wait on it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+
+from tidemark.app import Service
+from tidemark.config import Settings
+from tidemark.lsn import Lsn
+
+
+def settings_for(dsn: str, root: str, shapes: list[dict[str, Any]], **extra: Any) -> Settings:
+    data: dict[str, Any] = {
+        "source": {"dsn": dsn, "slot": "tm_e2e", "publication": "tm_e2e"},
+        "sink": {"root": root},
+        "http": {"port": 0},
+        "flush": {"max_age_s": 0.2},
+        "monitor": {"period_s": 0.5},
+        "shapes": shapes,
+    }
+    for key, value in extra.items():
+        if isinstance(value, dict):
+            data.setdefault(key, {}).update(value)
+        else:
+            data[key] = value
+    return Settings.model_validate(data)
+
+
+@contextlib.asynccontextmanager
+async def running_service(settings: Settings, spark: Any) -> AsyncIterator[Service]:
+    service = Service(settings, spark=spark)
+    task = asyncio.create_task(service.run())
+    try:
+        async with asyncio.timeout(60):
+            while service.phase != "streaming" or service.http_port is None:
+                if task.done():
+                    task.result()
+                    raise AssertionError("service stopped before streaming")
+                await asyncio.sleep(0.05)
+        yield service
+    finally:
+        service.request_stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 60)
+
+
+def current_lsn(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        return int(Lsn.parse(row[0]))
+
+
+async def wait_frontiers(service: Service, lsn: int, timeout: float = 60.0) -> None:
+    """Until every active shape's frontier is at or past ``lsn``."""
+    async with asyncio.timeout(timeout):
+        while True:
+            frontiers = service.progress().frontiers
+            active = [n for n, s in service.shapes.items() if s.state == "active"]
+            if active and all(frontiers.get(n, -1) >= lsn for n in active):
+                return
+            await asyncio.sleep(0.05)
