@@ -1,0 +1,183 @@
+"""The HTTP API and the command line against a running service (real Postgres,
+real Spark): health, readiness, metrics, shapes at runtime, progress and waits,
+token checks, JSON errors; and the CLI commands that use them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tidemark import cli
+from tidemark.lsn import Lsn
+
+from .conftest import PgDatabase
+from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+
+TOKEN = "s3cret-token"
+
+
+async def call(
+    service: Any, method: str, path: str, body: Any = None, token: str | None = TOKEN
+) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"http://127.0.0.1:{service.http_port}{path}"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, url, json=body, headers=headers) as r,
+    ):
+        text = await r.text()
+        try:
+            return r.status, json.loads(text) if text else None
+        except ValueError:
+            return r.status, text
+
+
+async def test_the_api_serves_health_shapes_progress_and_waits(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    pg_db.execute(
+        "create table t (id int primary key, v text, n int);"
+        "alter table t replica identity full;"
+        "create table other (id int primary key)"
+    )
+    settings = settings_for(
+        pg_db.dsn,
+        str(tmp_path),
+        [{"name": "t_all", "table": "public.t"}],
+        http={"admin_token": TOKEN},
+    )
+    async with running_service(settings, spark) as service:
+        # health, readiness, metrics
+        assert (await call(service, "GET", "/healthz"))[1]["phase"] == "streaming"
+        status, ready = await call(service, "GET", "/readyz")
+        assert status == 200 and ready["ready"] is True
+        status, text = await call(service, "GET", "/metrics")
+        assert status == 200 and "tidemark_flushed_lsn" in text and "tidemark_up 1.0" in text
+
+        # shapes: list, then add at runtime (token checked, body validated)
+        status, body = await call(service, "GET", "/v1/shapes")
+        assert [s["name"] for s in body["shapes"]] == ["t_all"]
+        shape = {"name": "t_big", "table": "public.t", "where": "n > 100"}
+        assert (await call(service, "POST", "/v1/shapes", shape, token=None))[0] == 401
+        assert (await call(service, "POST", "/v1/shapes", shape, token="wrong"))[0] == 403
+        status, err = await call(service, "POST", "/v1/shapes", {**shape, "where": "n >"})
+        assert status == 400 and "error" in err
+        status, err = await call(service, "POST", "/v1/shapes", {**shape, "table": "public.tt"})
+        assert status == 400 and "does not exist" in err["error"]
+        status, err = await call(service, "POST", "/v1/shapes", {**shape, "colour": "red"})
+        assert status == 400 and "colour" in err["error"]
+        status, created = await call(service, "POST", "/v1/shapes", shape)
+        assert status == 201 and created["name"] == "t_big" and created["state"] == "active"
+        status, err = await call(service, "POST", "/v1/shapes", {**shape, "where": "n > 5"})
+        assert status == 409
+
+        # the runtime shape follows the stream from now on
+        pg_db.execute("insert into t select g, 'x', g from generate_series(1, 200) g")
+        target = current_lsn(pg_db.dsn)
+        status, waited = await call(
+            service, "GET", f"/v1/progress/wait?lsn={Lsn(target)}&timeout=60&shape=t_big"
+        )
+        assert status == 200 and waited["reached"] is True
+        assert waited["frontiers"]["t_big"]["value"] >= target
+        status, shown = await call(service, "GET", "/v1/shapes/t_big")
+        assert shown["rows_committed"] == 100 and shown["frontier"]["value"] >= target
+
+        # progress: our positions and Postgres's view of them
+        status, progress = await call(service, "GET", "/v1/progress")
+        assert progress["flushed"]["value"] >= target
+        assert progress["postgres"]["confirmed_flush"]["value"] <= progress["flushed"]["value"]
+
+        # waits that cannot be met, bad input
+        far = Lsn(target + 10**12)
+        status, body = await call(service, "GET", f"/v1/progress/wait?lsn={far}&timeout=0.5")
+        assert status == 504 and body["reached"] is False
+        assert (await call(service, "GET", "/v1/progress/wait?lsn=nope"))[0] == 400
+        assert (await call(service, "GET", "/v1/shapes/nope"))[0] == 404
+
+        # removing a shape (its table stays)
+        assert (await call(service, "DELETE", "/v1/shapes/t_big", token=None))[0] == 401
+        assert (await call(service, "DELETE", "/v1/shapes/t_big"))[0] == 204
+        assert (await call(service, "DELETE", "/v1/shapes/t_big"))[0] == 404
+        assert [s["name"] for s in (await call(service, "GET", "/v1/shapes"))[1]["shapes"]] == [
+            "t_all"
+        ]
+        assert (tmp_path / "tables" / "t_big" / "_delta_log").is_dir()
+
+
+async def test_the_cli_talks_to_the_service_and_reads_the_lake(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+) -> None:
+    pg_db.execute("create table t (id int primary key, v text)")
+    settings = settings_for(pg_db.dsn, str(tmp_path), [{"name": "t_all", "table": "public.t"}])
+    async with running_service(settings, spark) as service:
+        url = f"http://127.0.0.1:{service.http_port}"
+        pg_db.execute("insert into t values (1, 'one'), (2, 'two')")
+        target = current_lsn(pg_db.dsn)
+        await wait_frontiers(service, target)
+
+        def run(*argv: str) -> tuple[int, str]:
+            capsys.readouterr()
+            code = cli.main(list(argv))
+            return code, capsys.readouterr().out
+
+        code, out = await asyncio.to_thread(
+            run, "wait", "--lsn", str(Lsn(target)), "--shape", "t_all", "--url", url
+        )
+        assert code == 0 and "reached" in out
+        code, out = await asyncio.to_thread(run, "status", "--url", url)
+        assert code == 0 and "t_all" in out and "flushed" in out
+        code, out = await asyncio.to_thread(
+            run, "shapes", "add", "t_one", "--table", "public.t", "--where", "id = 1", "--url", url
+        )
+        assert code == 0 and "t_one" in out
+        code, out = await asyncio.to_thread(run, "shapes", "list", "--url", url)
+        assert code == 0 and "t_one" in out and "id = 1" in out
+        code, out = await asyncio.to_thread(run, "read", "t_all", "--root", str(tmp_path))
+        assert code == 0 and "one" in out and "two" in out and "2 row(s)" in out
+        code, out = await asyncio.to_thread(
+            run, "wait", "--lsn", str(Lsn(target + 10**12)), "--timeout", "0.5", "--url", url
+        )
+        assert code == 3
+
+
+def test_config_check_passes_on_a_good_setup_and_explains_a_bad_shape(
+    pg_db: PgDatabase,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pg_db.execute("create table t (id int primary key, v text); create table nopk (v text)")
+    config = tmp_path / "tidemark.toml"
+    config.write_text(
+        f'[source]\ndsn = "{pg_db.dsn}"\n[sink]\nroot = "{tmp_path / "lake"}"\n'
+        '[[shapes]]\nname = "t_all"\ntable = "public.t"\n'
+    )
+    assert cli.main(["--config", str(config), "config", "check"]) == 0
+    out = capsys.readouterr().out
+    assert "ok   shape t_all" in out and "password" not in out.lower().replace("***", "")
+    assert pg_db.dsn not in out  # the DSN (with its password) is shown redacted
+    config.write_text(config.read_text() + '[[shapes]]\nname = "bad"\ntable = "public.nopk"\n')
+    assert cli.main(["--config", str(config), "config", "check"]) == 4
+    out = capsys.readouterr().out
+    assert "FAIL shape bad" in out and "REPLICA IDENTITY FULL" in out
+
+
+def test_missing_dsn_and_unreachable_service_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIDEMARK_CONFIG", str(tmp_path / "absent.toml"))
+    monkeypatch.delenv("TIDEMARK_SOURCE__DSN", raising=False)
+    assert cli.main(["run"]) == 1
+    assert "source.dsn is not set" in capsys.readouterr().err
+    assert cli.main(["status", "--url", "http://127.0.0.1:9"]) == 1
+    assert "cannot reach tidemark" in capsys.readouterr().err
