@@ -1,0 +1,734 @@
+"""The deploy files agree with each other and with the service.
+
+docker-compose.yml, deploy/Dockerfile with its entrypoint and health check, the systemd
+unit and its environment file, Prometheus's configuration and alert rules, Grafana's
+provisioning and dashboard are parsed and checked against the CLI's parser, the
+settings model and the metrics registry. No Docker engine, Postgres or Spark is needed;
+the shell scripts run with a stand-in ``tidemark``. ``systemd-analyze verify`` runs
+when it is installed, ``promtool check rules`` when it is (else the structural checks
+alone). tests/integration/test_deploy.py runs the same environment for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from fnmatch import fnmatch
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from tidemark import cli
+from tidemark.config import Settings, load_settings
+from tidemark.observability import Metrics
+from tidemark.shapes.model import ShapeDefinition
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+PROMQL_BUILTINS = {"up"}  # series Prometheus makes itself, not tidemark's
+
+
+# -- reading the files -------------------------------------------------------------------
+
+_VARIABLE = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?-)([^}]*))?\}|(\w+))")
+
+
+def interpolate(value: Any, env: Mapping[str, str]) -> Any:
+    """Compose's variable substitution (``${X}``, ``${X:-d}``, ``${X-d}``, ``$$``)."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(m: re.Match[str]) -> str:
+        if m.group(1):
+            return "$"
+        name, operator, default = m.group(2) or m.group(5), m.group(3), m.group(4)
+        current = env.get(name)
+        if (operator == ":-" and not current) or (operator == "-" and current is None):
+            return default
+        return current or ""
+
+    return _VARIABLE.sub(substitute, value)
+
+
+def compose(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    raw = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    return interpolate(raw, env or {})
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> source (a volume name or a ./path), read-only flag dropped."""
+    out = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        out[target] = source
+    return out
+
+
+def settings_key_exists(key: str) -> bool:
+    """Whether ``TIDEMARK_A__B`` names a field of ``Settings`` (unknown keys are ignored
+    silently by pydantic-settings in nested sections, so a typo would go unnoticed)."""
+    model: type[BaseModel] = Settings
+    parts = key.removeprefix("TIDEMARK_").lower().split("__")
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+            continue
+        return i == len(parts) - 1
+    return True
+
+
+def settings_from(env: Mapping[str, str], monkeypatch: pytest.MonkeyPatch, cwd: Path) -> Settings:
+    for key in list(os.environ):
+        if key.startswith("TIDEMARK_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(cwd)  # no stray ./tidemark.toml
+    return load_settings()
+
+
+def metric_references(text: str) -> set[str]:
+    return set(re.findall(r"\btidemark_[a-z0-9_]+\b", text))
+
+
+def exported_names(metrics: Metrics) -> set[str]:
+    """Sample names the registry can expose (counters as _total, histograms as parts)."""
+    names: set[str] = set()
+    for family in metrics.registry.collect():
+        if family.type == "counter":
+            names.add(family.name + "_total")
+        elif family.type == "histogram":
+            names |= {family.name + part for part in ("_bucket", "_sum", "_count")}
+        else:
+            names.add(family.name)
+    return names
+
+
+def balanced(expr: str) -> bool:
+    closing = {")": "(", "]": "[", "}": "{"}
+    stack: list[str] = []
+    quote = None
+    for ch in expr:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'`":
+            quote = ch
+        elif ch in "([{":
+            stack.append(ch)
+        elif ch in closing and (not stack or stack.pop() != closing[ch]):
+            return False
+    return not stack and quote is None
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and ARG defaults applied."""
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    args: dict[str, str] = {}
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, rest = line.partition(" ")
+        rest = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), rest.strip())
+        if instruction == "ARG" and "=" in rest:
+            name, _, default = rest.partition("=")
+            args[name] = default
+        out.append((instruction, rest))
+    return out
+
+
+def instruction(name: str) -> list[str]:
+    return [rest for instr, rest in dockerfile() if instr == name]
+
+
+def unit_entries() -> list[tuple[str, str, str]]:
+    section, out = "", []
+    for line in (DEPLOY / "systemd" / "tidemark.service").read_text().splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        out.append((section, key.strip(), value.strip()))
+    return out
+
+
+def unit_value(key: str) -> str:
+    values = [v for _, k, v in unit_entries() if k == key]
+    assert values, f"the unit has no {key}="
+    return values[-1]
+
+
+def systemd_env_file(text: str) -> dict[str, str]:
+    """EnvironmentFile= syntax: KEY=VALUE, '...' taken as is, "..." with \\ escapes."""
+    out = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, _, value = line.partition("=")
+        if value[:1] == "'" and value.endswith("'"):
+            value = value[1:-1]
+        elif value[:1] == '"' and value.endswith('"'):
+            value = re.sub(r'\\([\\"$`])', r"\1", value[1:-1])
+        out[key.strip()] = value
+    return out
+
+
+def init_sql() -> str:
+    return "\n".join(p.read_text() for p in sorted((DEPLOY / "postgres" / "init").glob("*.sql")))
+
+
+# -- docker-compose.yml -----------------------------------------------------------------------
+
+STACK = {"postgres", "workload", "tidemark", "prometheus", "grafana"}
+SPARK_PROFILE = {"spark-master", "spark-worker"}
+
+
+def test_compose_declares_the_stack_and_a_spark_profile() -> None:
+    services = compose()["services"]
+    assert set(services) == STACK | SPARK_PROFILE
+    for name in SPARK_PROFILE:
+        assert services[name]["profiles"] == ["spark"]
+    for name in STACK:
+        assert "profiles" not in services[name], f"{name} must start with a plain `up`"
+
+
+def test_every_service_has_a_healthcheck_or_says_why_not() -> None:
+    for name, service in compose()["services"].items():
+        check = service.get("healthcheck")
+        if check is None:
+            reason = service.get("x-healthcheck-reason", "")
+            assert len(reason) > 20, f"{name}: no healthcheck and no x-healthcheck-reason"
+        else:
+            assert check["test"][0] in ("CMD", "CMD-SHELL") and len(check["test"]) > 1, name
+
+
+def test_every_image_is_pinned_to_a_version() -> None:
+    for name, service in compose()["services"].items():
+        image = service["image"]
+        repository, _, tag = image.rpartition(":")
+        assert repository and "/" not in tag, f"{name}: {image} has no tag"
+        assert re.match(r"v?\d+\.\d+", tag), f"{name}: {image} is not pinned to a version"
+
+
+def test_the_spark_cluster_runs_the_spark_version_of_pyspark() -> None:
+    import pyspark
+
+    # a standalone cluster accepts only clients of its own Spark (and Scala) version
+    for name in SPARK_PROFILE:
+        tag = compose()["services"][name]["image"].rpartition(":")[2]
+        assert tag.startswith(pyspark.__version__ + "-"), (name, tag, pyspark.__version__)
+        assert "scala2.13" in tag and "java17" in tag
+
+
+def test_volumes_are_declared_used_and_bind_mounts_exist() -> None:
+    spec = compose()
+    declared = set(spec["volumes"])
+    used = set()
+    for name, service in spec["services"].items():
+        for target, source in mounts(service).items():
+            assert target.startswith("/"), (name, target)
+            if source.startswith("./"):
+                assert (REPO / source).exists(), f"{name} mounts {source}, which is missing"
+            else:
+                assert source in declared, f"{name} uses volume {source}, not declared"
+                used.add(source)
+    assert used == declared
+
+
+def test_postgres_is_set_up_for_logical_replication() -> None:
+    postgres = compose()["services"]["postgres"]
+    command = postgres["command"]
+    settings = dict(c.split("=", 1) for c in command if "=" in c)
+    assert settings["wal_level"] == "logical"
+    assert int(settings["max_replication_slots"]) >= 1
+    assert int(settings["max_wal_senders"]) >= 2
+    assert "pg_isready" in postgres["healthcheck"]["test"]
+    assert mounts(postgres)["/var/lib/postgresql/data"] == "pgdata"
+    assert mounts(postgres)["/docker-entrypoint-initdb.d"] == "./deploy/postgres/init"
+
+
+def test_tidemark_environment_is_valid_settings_for_the_container(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    spec = compose()
+    tidemark = spec["services"]["tidemark"]
+    env = environment(tidemark)
+    unknown = [k for k in env if not settings_key_exists(k)]
+    assert not unknown, f"not settings of tidemark: {unknown}"
+    # when the container's environment is loaded the way `tidemark run` loads it
+    settings = settings_from(env, monkeypatch, tmp_path)
+    # then the sink is the named volume, the API listens where it is published and probed
+    assert mounts(tidemark)[settings.sink.root] == "sink"
+    assert settings.http.host == "0.0.0.0"
+    assert f"127.0.0.1:{settings.http.port}:{settings.http.port}" in tidemark["ports"]
+    assert tidemark["healthcheck"]["test"] == ["CMD", "tidemark-healthcheck"]
+    assert settings.spark.master == "local[2]"
+    # and the shutdown grace fits in the time compose gives before SIGKILL
+    assert float(tidemark["stop_grace_period"].rstrip("s")) > settings.shutdown_grace_s + 5
+    assert tidemark["init"] is True
+
+
+def test_tidemark_connects_to_the_compose_postgres_as_the_role_init_creates(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # given the variables a user might set, so defaults cannot hide a mismatch
+    spec = compose({"TIDEMARK_DB_USER": "lake", "TIDEMARK_DB_PASSWORD": "s3cret"})
+    postgres = environment(spec["services"]["postgres"])
+    settings = settings_from(environment(spec["services"]["tidemark"]), monkeypatch, tmp_path)
+    dsn = urlsplit(settings.source.dsn)
+    assert (dsn.hostname, dsn.port) == ("postgres", 5432)
+    assert dsn.path == "/" + postgres["POSTGRES_DB"]
+    assert (dsn.username, dsn.password) == ("lake", "s3cret")
+    assert (postgres["TIDEMARK_DB_USER"], postgres["TIDEMARK_DB_PASSWORD"]) == ("lake", "s3cret")
+    assert "\\getenv tidemark_user TIDEMARK_DB_USER" in init_sql()
+
+
+def test_declared_shapes_are_valid_and_on_tables_the_init_sql_publishes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = settings_from(environment(compose()["services"]["tidemark"]), monkeypatch, tmp_path)
+    assert settings.shapes, "the compose stack should show data flowing into shapes"
+    sql = init_sql()
+    tables = set(re.findall(r"create table (\w+\.\w+)", sql))
+    published = re.search(
+        rf"create publication {settings.source.publication} for table ([^;]+);", sql
+    )
+    assert published is not None
+    published_tables = {t.strip() for t in published.group(1).split(",")}
+    # tidemark's role does not own the tables, so it must not try to create the publication
+    assert settings.source.create_publication is False
+    for shape in settings.shapes:
+        definition = ShapeDefinition(**shape.model_dump())
+        assert definition.table in tables & published_tables, definition.table
+
+
+def test_the_built_image_is_tagged_with_the_package_version() -> None:
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    tidemark = compose()["services"]["tidemark"]
+    assert tidemark["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}
+    assert tidemark["image"] == f"tidemark:{version}"
+
+
+def test_the_container_runs_tidemark_run() -> None:
+    # the image's entrypoint passes its arguments to `tidemark`; compose adds none
+    assert json.loads(instruction("ENTRYPOINT")[0]) == ["tidemark-entrypoint"]
+    command = json.loads(instruction("CMD")[0])
+    assert "command" not in compose()["services"]["tidemark"]
+    args = cli.parser().parse_args(command)
+    assert args.func is cli.cmd_run
+
+
+def test_the_spark_profile_is_reachable_from_tidemark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # given the master URL the README tells to set with the profile
+    spec = compose({"TIDEMARK_SPARK_MASTER": "spark://spark-master:7077"})
+    services = spec["services"]
+    settings = settings_from(environment(services["tidemark"]), monkeypatch, tmp_path)
+    master = urlsplit(settings.spark.master)
+    # then it names the master service on the port it listens on
+    command = services[master.hostname]["command"]
+    assert command[command.index("--host") + 1] == master.hostname
+    assert command[command.index("--port") + 1] == str(master.port)
+    worker = services["spark-worker"]["command"]
+    assert settings.spark.master in worker
+    # executors reach the driver by service name and write the sink at the same path
+    assert settings.spark.conf["spark.driver.host"] == "tidemark"
+    assert mounts(services["spark-worker"])[settings.sink.root] == "sink"
+
+
+def test_the_workload_calls_the_procedure_the_init_sql_defines() -> None:
+    services = compose()["services"]
+    workload = services["workload"]
+    env = environment(workload)
+    postgres = environment(services["postgres"])
+    assert (env["PGHOST"], env["PGDATABASE"]) == ("postgres", postgres["POSTGRES_DB"])
+    assert (env["PGUSER"], env["PGPASSWORD"]) == (
+        postgres["POSTGRES_USER"],
+        postgres["POSTGRES_PASSWORD"],
+    )
+    script = workload["entrypoint"][-1]
+    assert mounts(workload)[str(PurePosixPath(script).parent)] == "./deploy/workload"
+    assert "call shop.tick(" in (DEPLOY / "workload" / PurePosixPath(script).name).read_text()
+    assert "create procedure shop.tick(" in init_sql()
+
+
+# -- the image ----------------------------------------------------------------------------------
+
+
+def test_dockerfile_builds_a_slim_python_with_java_17_as_a_non_root_user() -> None:
+    bases = instruction("FROM")
+    assert bases and all(re.match(r"python:3\.11-slim-bookworm\b", b) for b in bases)
+    assert any("openjdk-17-jre-headless" in run for run in instruction("RUN"))
+    user = instruction("USER")[-1]
+    assert user not in ("root", "0")
+    assert any("--uid 185 " in run and f" {user}" in run for run in instruction("RUN"))
+    assert instruction("EXPOSE") == ["8765"]
+    assert instruction("HEALTHCHECK")[0].endswith('CMD ["tidemark-healthcheck"]')
+    env = " ".join(instruction("ENV"))
+    for key in re.findall(r"\b(TIDEMARK_\w+)=", env):
+        assert settings_key_exists(key), key
+
+
+def dockerignored(path: str) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents wins."""
+    lines = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    patterns = [p.strip() for p in lines if p.strip() and not p.startswith("#")]
+    parts = PurePosixPath(path).parts
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        body = pattern.lstrip("!").rstrip("/").replace("**/", "")
+        if any(fnmatch(c, body) or fnmatch(PurePosixPath(c).name, body) for c in candidates):
+            excluded = not negate
+    return excluded
+
+
+def test_the_build_context_holds_what_the_dockerfile_copies_and_little_else() -> None:
+    for copy in instruction("COPY"):
+        if "--from=" in copy:
+            continue
+        for source in [a for a in copy.split() if not a.startswith("--")][:-1]:
+            assert (REPO / source).exists(), source
+            assert not dockerignored(source.rstrip("/") + "/x" if source.endswith("/") else source)
+    assert dockerignored(".venv/bin/python")
+    assert dockerignored("service/tidemark/__pycache__/app.cpython-311.pyc")
+
+
+def run_entrypoint(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The entrypoint with a stand-in `tidemark` that prints its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "tidemark"
+    fake.write_text('#!/bin/sh\necho "tidemark $*"\n')
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
+    return subprocess.run(
+        ["sh", str(DEPLOY / "entrypoint.sh"), *args],
+        env={**base, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_entrypoint_runs_tidemark_run_by_default_and_passes_other_commands(
+    tmp_path: Path,
+) -> None:
+    sink = str(tmp_path / "data")
+    default = run_entrypoint(tmp_path, TIDEMARK_SINK__ROOT=sink)
+    assert (default.returncode, default.stdout) == (0, "tidemark run\n")
+    assert Path(sink).is_dir()  # created, so Spark need not
+    other = run_entrypoint(tmp_path, "config", "check", TIDEMARK_SINK__ROOT="/dev/null/x")
+    assert (other.returncode, other.stdout) == (0, "tidemark config check\n")
+
+
+def test_entrypoint_refuses_to_run_with_a_sink_it_cannot_write(tmp_path: Path) -> None:
+    result = run_entrypoint(tmp_path, "run", TIDEMARK_SINK__ROOT="/dev/null/lake")
+    assert result.returncode == 1
+    assert result.stdout == ""  # tidemark was not started
+    assert "/dev/null/lake is not writable" in result.stderr
+
+
+def test_shell_scripts_parse() -> None:
+    for script in (DEPLOY / "entrypoint.sh", DEPLOY / "workload" / "workload.sh"):
+        assert os.access(script, os.X_OK), f"{script} is not executable"
+        subprocess.run(["sh", "-n", str(script)], check=True, timeout=10)
+
+
+class _Readyz(BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        body = json.dumps({"ready": self.status == 200, "reasons": ["not streaming"]}).encode()
+        self.send_response(self.status if self.path == "/readyz" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def readyz_server() -> Iterator[tuple[ThreadingHTTPServer, type[_Readyz]]]:
+    handler = type("Handler", (_Readyz,), {})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, handler
+    server.shutdown()
+    server.server_close()
+
+
+def healthcheck(port: int) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TIDEMARK_HTTP__HOST": "0.0.0.0", "TIDEMARK_HTTP__PORT": str(port)}
+    return subprocess.run(
+        [sys.executable, str(DEPLOY / "healthcheck.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_healthcheck_follows_readyz(
+    readyz_server: tuple[ThreadingHTTPServer, type[_Readyz]],
+) -> None:
+    server, handler = readyz_server
+    port = server.server_address[1]
+    assert healthcheck(port).returncode == 0
+    handler.status = 503
+    not_ready = healthcheck(port)
+    assert not_ready.returncode == 1 and "not streaming" in not_ready.stdout
+    server.shutdown()
+    server.server_close()
+    gone = healthcheck(port)
+    assert gone.returncode == 1 and "does not answer" in gone.stdout
+
+
+def _readyz_url() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("healthcheck", DEPLOY / "healthcheck.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.readyz_url
+
+
+@given(
+    host=st.one_of(
+        st.sampled_from(["", "0.0.0.0", "::", "127.0.0.1", "::1", "10.1.2.3", "tidemark"])
+    ),
+    port=st.integers(min_value=1, max_value=65535),
+)
+def test_healthcheck_asks_the_address_the_service_listens_on(host: str, port: int) -> None:
+    url = urlsplit(_readyz_url()({"TIDEMARK_HTTP__HOST": host, "TIDEMARK_HTTP__PORT": str(port)}))
+    assert url.port == port and url.path == "/readyz"
+    assert url.hostname == ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host)
+
+
+# -- Prometheus ----------------------------------------------------------------------------------
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads((DEPLOY / "grafana" / "tidemark.json").read_text())
+
+
+def dashboard_exprs() -> list[str]:
+    return [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])]
+
+
+def test_prometheus_scrapes_tidemark_and_loads_the_mounted_rules(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    services = compose()["services"]
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    prometheus = mounts(services["prometheus"])
+    assert prometheus["/etc/prometheus/prometheus.yml"] == "./deploy/prometheus/prometheus.yml"
+    for rule_file in config["rule_files"]:
+        assert prometheus[rule_file] == "./deploy/prometheus/alerts.yml"
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "tidemark")
+    settings = settings_from(environment(services["tidemark"]), monkeypatch, tmp_path)
+    assert job["metrics_path"] == "/metrics"
+    assert job["static_configs"][0]["targets"] == [f"tidemark:{settings.http.port}"]
+    # the alerts select tidemark's series by this job name
+    assert any('job="tidemark"' in rule["expr"] for rule in alert_rules())
+
+
+def test_alert_rules_are_well_formed() -> None:
+    rules = alert_rules()
+    names = [rule["alert"] for rule in rules]
+    assert len(names) == len(set(names))
+    for rule in rules:
+        assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+        assert balanced(rule["expr"]), rule["alert"]
+        for text in rule["annotations"].values():  # Go templates: {{ ... }} pairs
+            assert text.count("{{") == text.count("}}"), rule["alert"]
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        subprocess.run([promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")],
+                       check=True, timeout=60)  # fmt: skip
+
+
+def test_alerts_cover_lag_wal_stalls_violations_downtime_and_reconnects() -> None:
+    by_metric = {m: r["alert"] for r in alert_rules() for m in metric_references(r["expr"])}
+    for metric in (
+        "tidemark_replication_lag_bytes",
+        "tidemark_slot_retained_wal_bytes",
+        "tidemark_slot_safe_wal_size_bytes",
+        "tidemark_shape_stalled",
+        "tidemark_invariant_violations_total",
+        "tidemark_reconnects_total",
+    ):
+        assert metric in by_metric, f"no alert on {metric}"
+    assert any(r["expr"].startswith('up{job="tidemark"} == 0') for r in alert_rules())
+
+
+def test_every_metric_in_the_alerts_and_the_dashboard_is_exported() -> None:
+    referenced = set()
+    for text in [r["expr"] for r in alert_rules()] + dashboard_exprs():
+        referenced |= metric_references(text)
+    assert referenced - exported_names(Metrics()) == set()
+    assert len(referenced) > 20  # the extraction found the expressions' metrics
+
+
+# -- Grafana ---------------------------------------------------------------------------------------
+
+
+def test_grafana_provisions_the_prometheus_and_the_dashboard_compose_mounts() -> None:
+    services = compose()["services"]
+    grafana = mounts(services["grafana"])
+    provisioning = DEPLOY / "grafana" / "provisioning"
+    assert grafana["/etc/grafana/provisioning"] == "./deploy/grafana/provisioning"
+    sources = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())
+    (source,) = sources["datasources"]
+    url = urlsplit(source["url"])
+    assert url.hostname in services and url.port == 9090
+    providers = yaml.safe_load((provisioning / "dashboards" / "tidemark.yml").read_text())
+    folder = providers["providers"][0]["options"]["path"]
+    assert grafana[f"{folder}/tidemark.json"] == "./deploy/grafana/tidemark.json"
+    # panels use the dashboard's data source variable (so the JSON imports into any
+    # Grafana), whose default is the provisioned Prometheus
+    (variable,) = dashboard()["templating"]["list"]
+    assert (variable["type"], variable["query"]) == ("datasource", "prometheus")
+    assert variable["current"]["value"] == source["uid"]
+    for panel in dashboard()["panels"]:
+        for item in [panel, *panel.get("targets", [])]:
+            if "datasource" in item:
+                assert item["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+
+
+def test_dashboard_panels_are_well_formed_and_do_not_overlap() -> None:
+    panels = dashboard()["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for panel in panels:
+        g = panel["gridPos"]
+        x0, y0 = g["x"], g["y"]
+        assert x0 >= 0 and x0 + g["w"] <= 24, panel["title"]
+        area = {(x, y) for x in range(x0, x0 + g["w"]) for y in range(y0, y0 + g["h"])}
+        assert not area & cells, f"{panel['title']} overlaps another panel"
+        cells |= area
+        if panel["type"] == "row":
+            continue
+        targets = panel["targets"]
+        assert targets and len({t["refId"] for t in targets}) == len(targets), panel["title"]
+        assert all(balanced(t["expr"]) for t in targets), panel["title"]
+
+
+def test_dashboard_shows_ack_lag_throughput_frontiers_wal_commits_and_reconnects() -> None:
+    exprs = "\n".join(dashboard_exprs())
+    for needle in (
+        "tidemark_ack_lag_seconds_bucket",
+        "sum by (shape) (rate(tidemark_changes_total",
+        "tidemark_shape_frontier_lsn",
+        "tidemark_slot_retained_wal_bytes",
+        "tidemark_commit_duration_seconds_bucket",
+        "tidemark_reconnects_total",
+    ):
+        assert needle in exprs, needle
+
+
+# -- systemd ---------------------------------------------------------------------------------------
+
+
+def env_example() -> dict[str, str]:
+    return systemd_env_file((DEPLOY / "systemd" / "tidemark.env.example").read_text())
+
+
+def test_unit_is_a_hardened_notify_service_with_a_watchdog() -> None:
+    assert unit_value("Type") == "notify"
+    assert int(unit_value("WatchdogSec")) >= 10
+    assert unit_value("Restart") == "on-failure"
+    assert unit_value("EnvironmentFile") == "/etc/tidemark/tidemark.env"
+    assert unit_value("NoNewPrivileges") == "yes"
+    assert unit_value("ProtectSystem") == "strict"
+    assert unit_value("PrivateTmp") == "yes"
+    assert unit_value("KillMode") == "mixed"  # the Spark JVM must outlive the final flush
+    # config reload is not supported: no ExecReload that would pretend otherwise
+    assert not [k for _, k, _ in unit_entries() if k == "ExecReload"]
+    executable, *args = unit_value("ExecStart").split()
+    assert executable.endswith("/tidemark")
+    assert cli.parser().parse_args(args).func is cli.cmd_run
+
+
+def test_env_example_is_valid_settings_within_the_units_writable_paths(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env = env_example()
+    unknown = [k for k in env if not settings_key_exists(k)]
+    assert not unknown, f"not settings of tidemark: {unknown}"
+    settings = settings_from(env, monkeypatch, tmp_path)
+    writable = [Path(p) for p in unit_value("ReadWritePaths").split()]
+    assert any(Path(settings.sink.root).is_relative_to(p) for p in writable)
+    assert Path(unit_value("WorkingDirectory")) in writable
+    assert int(unit_value("TimeoutStopSec")) > settings.shutdown_grace_s
+    assert [s.where for s in settings.shapes] == ["region = 'eu'", None]
+    for shape in settings.shapes:
+        ShapeDefinition(**shape.model_dump())
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
+    # verify insists that ExecStart's program exists: point it at one that does
+    unit = (DEPLOY / "systemd" / "tidemark.service").read_text()
+    executable = unit_value("ExecStart").split()[0]
+    copy = tmp_path / "tidemark.service"
+    copy.write_text(unit.replace(executable, sys.executable))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # unknown keys and bad values are only warnings (exit 0): any output is a failure
+    assert (result.returncode, result.stderr.strip(), result.stdout.strip()) == (0, "", "")
