@@ -37,7 +37,7 @@ from tidemark.aio import wait_event
 from tidemark.collector import ShapeLogCollector
 from tidemark.config import Settings
 from tidemark.conninfo import redact_dsn
-from tidemark.errors import ShapeError, TidemarkError
+from tidemark.errors import ProtocolError, ShapeError, TidemarkError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lsn import format_lsn
 from tidemark.observability import Metrics, refresh_metrics
@@ -305,7 +305,12 @@ class Service:
                 before_txns = collector.stats.transactions
                 count = 0
                 for payload in item.payloads:
-                    handle(decode(payload))
+                    try:
+                        message = decode(payload)
+                    except ProtocolError:
+                        metrics.decode_errors.inc()
+                        raise
+                    handle(message)
                     count += 1
                     if count >= FRAGMENT_CHANGES:
                         count = 0

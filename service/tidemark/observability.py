@@ -199,6 +199,22 @@ class Metrics:
             "tidemark_streaming", "1 while the replication stream is up", registry=r
         )
         self.up = Gauge("tidemark_up", "1 while the service runs", registry=r)
+        # series that exist from the start, so rate()/increase() and alerts see them
+        from tidemark.replication.monitor import VIOLATION_KINDS
+
+        for kind in VIOLATION_KINDS:
+            self.invariant_violations.labels(kind)
+        # Postgres's view is unknown until the monitor's first sample: NaN, not 0
+        for gauge in (
+            self.pg_replay_lsn,
+            self.pg_confirmed_flush_lsn,
+            self.pg_current_wal_lsn,
+            self.replication_lag_bytes,
+            self.replication_lag_seconds,
+            self.slot_retained_wal_bytes,
+            self.slot_safe_wal_size_bytes,
+        ):
+            gauge.set(float("nan"))
 
 
 _WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")

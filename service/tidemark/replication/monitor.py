@@ -64,6 +64,16 @@ class ReplicationSample:
         return max(0, self.current_wal_lsn - self.confirmed_flush_lsn)
 
 
+VIOLATION_KINDS = (
+    "ack_beyond_durable",
+    *(
+        f"{pos}_{what}"
+        for pos in ("write", "flush", "replay")
+        for what in ("beyond_sent", "mismatch", "unknown")
+    ),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Violation:
     kind: str
