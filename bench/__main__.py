@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-SECTIONS = ("replication", "decode", "flush", "routing", "sink")
+SECTIONS = ("replication", "decode", "flush", "routing", "sink", "e2e", "backfill")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
             from bench import sink_bench
 
             sink_bench.main()
+        elif section == "e2e":
+            from bench import e2e_bench
+
+            e2e_bench.main(args.rows)
+        elif section == "backfill":
+            from bench import backfill_bench
+
+            backfill_bench.main(args.rows)
     print(f"\nbench finished in {time.perf_counter() - started:.0f}s")
     return status
 

@@ -143,6 +143,11 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     elif args.action == "remove":
         _check(*api.call("DELETE", f"/v1/shapes/{args.name}"), ok=(204,))
         print(f"shape {args.name} removed (its table stays under the sink root)")
+    elif args.action == "resync":
+        _check(*api.call("POST", f"/v1/shapes/{args.name}/resync"), ok=(202,))
+        print(f"shape {args.name} is being rebuilt from a fresh snapshot")
+        if args.wait:
+            return _wait_ready(api, args.name, args.timeout)
     elif args.action == "add":
         body = {"name": args.name, "table": args.table}
         if args.where:
@@ -163,7 +168,10 @@ def _wait_ready(api: Api, name: str, timeout: float) -> int:
     while time.monotonic() < deadline:
         shape = _check(*api.call("GET", f"/v1/shapes/{name}"))
         progress = shape.get("backfill")
-        if shape["state"] == "active" and not progress:
+        if shape["state"] in ("error", "resync_needed"):
+            print(f"\nshape {name} is {shape['state']}: {shape['error']}", file=sys.stderr)
+            return 1
+        if shape.get("ready"):
             print(f"\nshape {name} is ready (frontier {_lsn(shape['frontier'])})")
             return 0
         if progress:
@@ -296,11 +304,14 @@ def parser() -> argparse.ArgumentParser:
     add.add_argument("--replica", choices=["default", "full"])
     add.add_argument("--wait", action="store_true", help="wait until the shape is ready")
     add.add_argument("--timeout", type=float, default=600.0)
-    for name in ("list", "show", "remove"):
+    for name in ("list", "show", "remove", "resync"):
         q = shapes_sub.add_parser(name, help=f"{name} shape(s)")
         if name != "list":
             q.add_argument("name")
-    for q in [add, *(shapes_sub.choices[n] for n in ("list", "show", "remove"))]:
+        if name == "resync":
+            q.add_argument("--wait", action="store_true", help="wait until the shape is ready")
+            q.add_argument("--timeout", type=float, default=600.0)
+    for q in [add, *(shapes_sub.choices[n] for n in ("list", "show", "remove", "resync"))]:
         api_args(q)
     shapes.set_defaults(func=cmd_shapes)
 

@@ -18,6 +18,9 @@ fragments of at most ``fragment_changes`` changes):
   the transaction declines: a replay after restart). Change ``i`` of a
   transaction writes rows with ``_op = 2*i`` (and ``2*i + 1`` for the insert half
   of a primary-key change), so ``(_lsn, _op)`` is unique in every shape.
+  A shape with a snapshot fence (``tidemark.backfill.fence``) skips the
+  transactions its snapshot already holds; a shape added while a transaction is
+  open skips that one (it committed before the snapshot was taken).
 * ``Commit``: the FlushTracker learns the transaction and the shapes it touched,
   *then* each touched writer ends its part (the order ``TxnAlignment`` requires).
 * ``Origin``, ``Type``, ``Message``: recorded, never fatal.
@@ -34,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidemark.backfill.fence import SnapshotFence
 from tidemark.errors import ProtocolError
 from tidemark.flush.tracker import CommitFragment, FlushTracker
 from tidemark.lsn import LogOffset
@@ -92,6 +96,7 @@ class ShapeLogCollector:
         self._writers: dict[str, ShapeWriter] = {}
         self._indexes: dict[int, ShapeIndex] = {}  # by relation oid
         self._domains: dict[TableKey, Mapping[int, tuple[int, int]]] = {}
+        self._fences: dict[str, SnapshotFence] = {}
         self._txn: _Txn | None = None
         self._skipping = False
         self.last_commit_lsn: int | None = None
@@ -103,11 +108,19 @@ class ShapeLogCollector:
         shape: BoundShape,
         writer: ShapeWriter,
         domain_bases: Mapping[int, tuple[int, int]] | None = None,
+        fence: SnapshotFence | None = None,
     ) -> None:
         """Start routing to ``shape`` (bound against the catalog) through ``writer``.
 
-        ``domain_bases`` (domain oid -> base type) is the catalog's, for this table.
+        ``domain_bases`` (domain oid -> base type) is the catalog's, for this table;
+        ``fence`` the shape's snapshot, whose transactions it must not apply again.
         """
+        if fence is not None:
+            self._fences[shape.name] = fence
+        else:
+            self._fences.pop(shape.name, None)
+        if self._txn is not None:
+            self._txn.declined.add(shape.name)
         rel = shape.relation
         key = (rel.namespace or "pg_catalog", rel.name)
         if domain_bases:
@@ -123,6 +136,7 @@ class ShapeLogCollector:
     def remove_shape(self, name: str) -> None:
         """Stop routing to ``name`` and release its hold on the flush boundary."""
         self._shapes.pop(name, None)
+        self._fences.pop(name, None)
         writer = self._writers.pop(name, None)
         for index in self._indexes.values():
             index.remove(name)
@@ -287,6 +301,10 @@ class ShapeLogCollector:
                     continue
                 writer = self._writers.get(name)
                 if writer is None:
+                    continue
+                fence = self._fences.get(name)
+                if fence is not None and fence.skips(txn.lsn, txn.xid):
+                    txn.declined.add(name)  # its snapshot holds this transaction
                     continue
                 if not writer.begin_txn(txn.lsn, txn.xid, txn.commit_ts):
                     txn.declined.add(name)  # its sink has this transaction already

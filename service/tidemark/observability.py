@@ -255,7 +255,7 @@ def refresh_metrics(service: Any) -> None:
             time.monotonic(), service.settings.monitor.stall_grace_s
         )
     }
-    states: dict[str, int] = {"active": 0, "error": 0, "resync_needed": 0}
+    states: dict[str, int] = dict.fromkeys(("backfilling", "active", "error", "resync_needed"), 0)
     for name, status in service.shapes.items():
         m.shape_stalled.labels(name).set(1 if name in stalled else 0)
         states[status.state] = states.get(status.state, 0) + 1

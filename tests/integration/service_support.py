@@ -56,12 +56,13 @@ def current_lsn(dsn: str) -> int:
         return int(Lsn.parse(row[0]))
 
 
-async def wait_frontiers(service: Service, lsn: int, timeout: float = 60.0) -> None:
-    """Until every active shape's frontier is at or past ``lsn``."""
+async def wait_frontiers(service: Service, lsn: int, timeout: float = 120.0) -> None:
+    """Until every shape is ready (backfilled) and its frontier is at or past ``lsn``."""
     async with asyncio.timeout(timeout):
         while True:
+            failed = {n: s.error for n, s in service.shapes.items() if s.state == "error"}
+            assert not failed, failed
             frontiers = service.progress().frontiers
-            active = [n for n, s in service.shapes.items() if s.state == "active"]
-            if active and all(frontiers.get(n, -1) >= lsn for n in active):
+            if service.shapes and all(frontiers.get(n, -1) >= lsn for n in service.shapes):
                 return
             await asyncio.sleep(0.05)

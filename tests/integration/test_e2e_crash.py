@@ -118,7 +118,7 @@ def start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=open(log, "ab"),  # noqa: SIM115
+        stderr=open(log, "ab"),
     )
 
 

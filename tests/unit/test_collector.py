@@ -219,3 +219,36 @@ def test_removing_a_shape_unblocks_the_boundary(setup) -> None:  # type: ignore[
     assert max(notified, default=0) < 100  # eu still owes its flush
     collector.remove_shape("eu")
     assert notified[-1] == 100
+
+
+def test_a_fenced_shape_skips_what_its_snapshot_holds_and_applies_the_rest() -> None:
+    from tidemark.backfill.fence import SnapshotFence
+
+    tracker = FlushTracker(lambda lsn: None, clock=lambda: 0.0)
+    collector = ShapeLogCollector(tracker)
+    writer = RecordingWriter("eu")
+    # snapshot at LSN 500: xids < 10 done, 12 in progress, >= 15 not started
+    fence = SnapshotFence(500, xmin=10, xmax=15, xip=frozenset({12}))
+    collector.add_shape(shape("eu", "region = 'eu'"), writer, fence=fence)  # type: ignore[arg-type]
+    collector.handle(ORDERS)
+    txn(collector, 300, m.Insert(ORDERS.oid, row(1, "eu")), xid=9)  # in the snapshot
+    txn(collector, 350, m.Insert(ORDERS.oid, row(2, "eu")), xid=11)  # in the snapshot
+    txn(collector, 400, m.Insert(ORDERS.oid, row(3, "eu")), xid=12)  # was in progress
+    txn(collector, 450, m.Insert(ORDERS.oid, row(4, "eu")), xid=16)  # started after
+    txn(collector, 600, m.Insert(ORDERS.oid, row(5, "eu")), xid=5)  # past the fence LSN
+    assert [r[2][0] for r in writer.rows()] == [b"3", b"4", b"5"]
+    assert not tracker.is_pending("eu") or tracker.last_flushed_of("eu") is not None
+
+
+def test_a_shape_added_mid_transaction_skips_that_transaction() -> None:
+    tracker = FlushTracker(lambda lsn: None, clock=lambda: 0.0)
+    collector = ShapeLogCollector(tracker)
+    collector.handle(ORDERS)
+    collector.handle(m.Begin(100, 0, 7))
+    collector.handle(m.Insert(ORDERS.oid, row(1, "eu")))
+    writer = RecordingWriter("eu")
+    collector.add_shape(shape("eu", "region = 'eu'"), writer)  # type: ignore[arg-type]
+    collector.handle(m.Insert(ORDERS.oid, row(2, "eu")))
+    collector.handle(m.Commit(0, 100, 108, 0))
+    txn(collector, 200, m.Insert(ORDERS.oid, row(3, "eu")))
+    assert [r[2][0] for r in writer.rows()] == [b"3"]

@@ -536,3 +536,38 @@ def test_intervals_do_not_compare_with_other_types() -> None:
     assert Interval(0, 0, 0) != 0
     with pytest.raises(TypeError):
         _ = Interval(0, 0, 0) < 1
+
+
+_SAMPLES = {
+    16: [b"t", b"f", None],
+    21: [b"-32768", b"7", None],
+    23: [b"2147483647", None],
+    20: [b"-9223372036854775808", b"0"],
+    700: [b"1.5", b"NaN", b"-Infinity", None],
+    701: [b"2.25", b"Infinity", None],
+    1700: [b"1.50", b"-0.01", None],
+    25: ["caf\u00e9".encode(), b"", None],
+    17: [b"\\x00ff", None],
+    2950: [b"b1a5c3e2-0d3c-4a6b-9b1f-3b4c5d6e7f80", None],
+    1082: [b"2024-02-29", b"infinity", b"0044-03-15 BC", None],
+    1114: [b"2024-01-01 12:00:00.5", b"-infinity", None],
+    1184: [b"2024-01-01 12:00:00+02", b"2024-06-30 23:59:59.999999+00", None],
+    1007: [b"{1,2,NULL}", b"{}", None],
+    1009: [b'{"a b","c,d",NULL}', None],
+    3802: [b'{"k": [1, 2]}', None],
+}
+
+
+@pytest.mark.parametrize("type_oid", sorted(_SAMPLES))
+def test_an_arrow_text_column_converts_like_the_same_values_as_bytes(type_oid: int) -> None:
+    # given the same text values, as Python bytes (stream) and as an Arrow column (COPY)
+    raw = _SAMPLES[type_oid]
+    typmod = (12 << 16 | 2) + 4 if type_oid == 1700 else -1
+    as_arrow = pa.array([None if v is None else v.decode() for v in raw], pa.string())
+    # then both paths give the same typed column (floats: NaN is not equal to itself)
+    from_arrow, from_bytes = to_arrow(as_arrow, type_oid, typmod), to_arrow(raw, type_oid, typmod)
+    assert from_arrow.type == from_bytes.type
+    if pa.types.is_floating(from_arrow.type):
+        assert repr(from_arrow.to_pylist()) == repr(from_bytes.to_pylist())
+    else:
+        assert from_arrow.equals(from_bytes)

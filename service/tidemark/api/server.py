@@ -10,6 +10,7 @@
                                        columns, replica)
 ``GET /v1/shapes/{name}``              one shape
 ``DELETE /v1/shapes/{name}``           remove a shape (its table stays on disk)
+``POST /v1/shapes/{name}/resync``      rebuild a shape from a fresh snapshot (202)
 ``GET /v1/progress``                   received / flushed / applied LSNs, Postgres's
                                        view of our slot, per-shape frontiers
 ``GET /v1/progress/wait``              ``?lsn=X&timeout=S[&shape=N]``: returns once
@@ -100,6 +101,10 @@ def shape_json(service: Service, name: str) -> dict[str, Any]:
         "rows_committed": writer.rows_committed if writer else 0,
         "pending_rows": (writer.buffer.ready_rows + writer.buffer.open_rows) if writer else 0,
         "columns_as_text": [{"column": c, "type": t} for c, t in status.as_text],
+        "ready": status.state == "active",
+        "backfill": status.backfill.as_json()
+        if status.state == "backfilling" and status.backfill is not None
+        else None,
     }
 
 
@@ -161,6 +166,17 @@ async def add_shape(request: web.Request) -> web.Response:
                           "DELETE it first")  # fmt: skip
     await service.add_shape(definition, origin="api")
     return web.json_response(shape_json(service, definition.name), status=201)
+
+
+async def resync_shape(request: web.Request) -> web.Response:
+    if (denied := _authorized(request)) is not None:
+        return denied
+    service = request.app[SERVICE]
+    name = request.match_info["name"]
+    if name not in service.shapes:
+        return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
+    await service.resync_shape(name)
+    return web.json_response(shape_json(service, name), status=202)
 
 
 async def remove_shape(request: web.Request) -> web.Response:
@@ -252,6 +268,7 @@ def build_app(service: Service) -> web.Application:
     app.router.add_post("/v1/shapes", add_shape)
     app.router.add_get("/v1/shapes/{name}", show_shape)
     app.router.add_delete("/v1/shapes/{name}", remove_shape)
+    app.router.add_post("/v1/shapes/{name}/resync", resync_shape)
     app.router.add_get("/v1/progress", progress)
     app.router.add_get("/v1/progress/wait", wait_progress)
     return app

@@ -537,14 +537,22 @@ def arrow_type(type_oid: int, type_modifier: int = -1) -> pa.DataType:
     return _ARROW_TYPES.get(type_oid, _STRING)
 
 
-def to_arrow(values: Sequence[bytes | None], type_oid: int, type_modifier: int = -1) -> pa.Array:
+def to_arrow(
+    values: Sequence[bytes | None] | pa.Array, type_oid: int, type_modifier: int = -1
+) -> pa.Array:
     """Convert one column of text values (``None`` for NULL) to ``arrow_type(...)``.
 
+    ``values`` is a Python sequence of text bytes (the stream) or an Arrow string or
+    binary array (a snapshot read with COPY): the bulk casts take either as is.
     Callers pass ``None`` for unchanged TOAST values too (the sink records them in
     ``_unchanged``). Raises ``ProtocolError`` only for text that a known type never
     outputs; unknown types and unrepresentable values never raise (they are counted).
     """
     element = ARRAY_ELEMENT_TYPES.get(type_oid)
+    if isinstance(values, pa.Array):
+        values = values if values.type == _BINARY else values.cast(_BINARY)
+        if element is not None or type_oid == BYTEA:  # converters that loop in Python
+            values = values.to_pylist()
     if element is not None:
         return _list_column(values, type_oid, element, type_modifier)
     if type_oid == NUMERIC:
@@ -732,7 +740,10 @@ def _temporal_column(type_oid: int) -> Callable[[Sequence[bytes | None]], pa.Arr
             raise _column_error(type_oid, target, exc) from None
         exotic: list[int | None] = [None] * len(values)
         for index in pc.indices_nonzero(pc.invert(plain)).to_pylist():
-            exotic[index] = _exotic_temporal(values[index], type_oid)
+            value = values[index]
+            if isinstance(value, pa.Scalar):  # an Arrow column (snapshot)
+                value = value.as_py()
+            exotic[index] = _exotic_temporal(value, type_oid)
         try:
             exotic_array = pa.array(exotic, storage)
         except (pa.ArrowInvalid, OverflowError):  # beyond what Arrow's storage holds

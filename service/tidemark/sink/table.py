@@ -262,27 +262,34 @@ class ShapeTable:
             dt.update_incremental()
             return dt.version()
 
-    def replace_all(
-        self,
-        files: Sequence[DataFile],
-        end_lsn: int,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> int:
-        """One commit that removes every current file and adds ``files`` (resync)."""
+    def active_files_with_sizes(self) -> list[tuple[str, int]]:
         with self._lock:
             dt = self.table()
             dt.update_incremental()
+            return self._active_files(dt)
+
+    def backfill_commit(
+        self,
+        remove: Sequence[tuple[str, int]],
+        files: Sequence[DataFile],
+        metadata: Mapping[str, Any] | None = None,
+    ) -> int:
+        """One commit that adds a snapshot's files and removes ``remove``: the files that
+        were active when the snapshot was taken (their data is in the snapshot). Files
+        committed by the stream since then stay. The committed offset is unchanged."""
+        with self._lock:
+            dt = self.table()
+            dt.update_incremental()
+            active = {p for p, _ in self._active_files(dt)}
             now = int(time.time() * 1000)
-            removes = [
-                RemoveAction(path, True, now, size, {}) for path, size in self._active_files(dt)
-            ]
+            removes = [RemoveAction(p, True, now, size, {}) for p, size in remove if p in active]
             adds = [
                 AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in files
             ]
-            done = dt.transaction_version(self.app_id) or 0
+            done = dt.transaction_version(self.app_id)
             custom = {
-                "tidemark.endLsn": str(end_lsn),
-                "tidemark.operation": "resync",
+                "tidemark.operation": "backfill",
+                "tidemark.rows": str(sum(f.num_rows for f in files)),
                 **{k: str(v) for k, v in (metadata or {}).items()},
             }
             dt.create_write_transaction(
@@ -291,7 +298,7 @@ class ShapeTable:
                 schema=dt.schema(),
                 commit_properties=CommitProperties(
                     custom_metadata=custom,
-                    app_transactions=[Transaction(self.app_id, max(done, end_lsn))],
+                    app_transactions=None if done is None else [Transaction(self.app_id, done)],
                 ),
             )
             dt.update_incremental()

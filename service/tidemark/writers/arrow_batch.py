@@ -38,7 +38,7 @@ def build_table(schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows) -> p
         values: Sequence[object] = column
         if rows.has_unchanged:
             values = [None if v is UNCHANGED_TOAST else v for v in column]
-        arrays.append(to_arrow(values, spec.type_oid, spec.type_modifier))  # type: ignore[arg-type]
+        arrays.append(to_arrow(values, spec.type_oid, spec.type_modifier))
     lsns: list[int] = []
     xids: list[int] = []
     stamps: list[int] = []
@@ -54,4 +54,27 @@ def build_table(schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows) -> p
     arrays.append(pa.array(xids, pa.int64()))
     arrays.append(pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")))
     arrays.append(pa.array(rows.unchanged, pa.list_(pa.string())))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def snapshot_table(
+    schema: pa.Schema, specs: Sequence[ColumnSpec], text: pa.Table, lsn: int, first_op: int
+) -> pa.Table:
+    """Snapshot rows (text columns from COPY) as a shape table batch: typed columns,
+    ``_kind = snapshot``, ``_lsn = lsn``, ``_op`` counting from ``first_op``. A column
+    the snapshot did not select (added upstream after it) is NULL."""
+    n = text.num_rows
+    names = set(text.column_names)
+    arrays: list[pa.Array] = [
+        to_arrow(text.column(spec.name).combine_chunks(), spec.type_oid, spec.type_modifier)
+        if spec.name in names
+        else pa.nulls(n, spec.arrow_type)
+        for spec in specs
+    ]
+    arrays.append(pa.array([lsn] * n, pa.int64()))
+    arrays.append(pa.array(range(first_op, first_op + n), pa.int32()))
+    arrays.append(pa.array(["snapshot"] * n, pa.string()))
+    arrays.append(pa.nulls(n, pa.int64()))
+    arrays.append(pa.nulls(n, pa.timestamp("us", tz="UTC")))
+    arrays.append(pa.nulls(n, pa.list_(pa.string())))
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -39,7 +39,13 @@ class CommitResult:
 def write_parquet(
     spark: Any, table: ShapeTable, schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows
 ) -> list[DataFile]:
-    arrow = build_table(schema, specs, rows)
+    return write_arrow(spark, table, schema, build_table(schema, specs, rows))
+
+
+def write_arrow(
+    spark: Any, table: ShapeTable, schema: pa.Schema, arrow: pa.Table
+) -> list[DataFile]:
+    """Spark writes ``arrow`` as Parquet into a fresh folder of ``table``; not committed."""
     rel, folder = table.new_batch_dir()
     parts = max(1, -(-arrow.num_rows // ROWS_PER_FILE))
     frame = spark.createDataFrame(arrow, schema=spark_schema(schema))

@@ -21,8 +21,9 @@ acknowledged, and the service exits for its supervisor to restart it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,6 +231,37 @@ class FlushScheduler:
         writer.buffer.attach_staged(lsn, files)
         self.stats.stage_jobs += 1
         log.info("txn.staged", shape=writer.shape, lsn=lsn, rows=len(rows), files=len(files))
+
+    # -- backfill ---------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, writer: ShapeWriter) -> AsyncIterator[None]:
+        """Hold ``writer`` so no flush job runs for it (backfill commits, maintenance)."""
+        while writer.in_flight:
+            self._raise_failure()
+            await asyncio.sleep(0.02)
+        writer.in_flight = True
+        try:
+            yield
+        finally:
+            writer.in_flight = False
+            self._wake.set()
+
+    @contextlib.asynccontextmanager
+    async def backfill_slot(self) -> AsyncIterator[None]:
+        """A job slot for backfill work, taken only while no stream flush is waiting."""
+        while True:
+            self._raise_failure()
+            now = self._clock()
+            waiting = any(
+                not w.in_flight and not w.backfill and self._due(w, now, False)
+                for w in self.writers.values()
+            )
+            if not waiting and not self._slots.locked():
+                break
+            await asyncio.sleep(0.02)
+        async with self._slots:
+            yield
 
     # -- draining -----------------------------------------------------------------------
 

@@ -112,6 +112,13 @@ class ShapeWriter:
     def take_batch(self) -> Batch | None:
         return self.buffer.take_batch()
 
+    def discard_buffered(self) -> None:
+        """Drop everything buffered (the shape is about to be rebuilt from a snapshot
+        that holds those transactions). Call with no job running for the shape."""
+        self.buffer = ShapeBuffer(self.shape)
+        self.alignment = TxnAlignment()
+        self._accepting = False
+
     def batch_committed(self, batch: Batch, version: int | None) -> None:
         """The sink committed ``batch`` (or had it already: version None)."""
         self.committed_lsn = max(self.committed_lsn or 0, batch.end_lsn)

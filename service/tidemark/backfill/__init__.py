@@ -1,0 +1,1 @@
+"""Consistent snapshots for new shapes and resyncs, merged with the live stream."""

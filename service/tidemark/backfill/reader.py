@@ -1,0 +1,144 @@
+"""Reading a shape's rows from one consistent snapshot, in parallel chunks.
+
+``open_snapshot`` starts a ``REPEATABLE READ READ ONLY`` transaction, takes its
+snapshot (``pg_current_snapshot()``, then ``pg_current_wal_lsn()``) and exports
+it (``pg_export_snapshot()``); it stays open until every chunk is read. Each
+chunk is read on its own connection that imports that snapshot (``SET
+TRANSACTION SNAPSHOT``), so all chunks see the same data.
+
+Chunks split the table by physical location (ctid page ranges), which works for
+any table, with or without a usable key, and lets Postgres use TID range scans.
+Each chunk is ``COPY (SELECT <columns> FROM <table> WHERE <predicate> AND <ctid
+range>) TO STDOUT (FORMAT csv)`` parsed by Arrow's CSV reader into text columns,
+which ``tidemark.pgoutput.values.to_arrow`` types exactly as it types the stream.
+
+The query is built from the validated shape: identifiers quoted, the predicate
+regenerated from its sqlglot tree (``predicate_sql``), never the user's string;
+the transaction is read-only. A shape definition cannot run arbitrary SQL.
+Session settings match the replication connection's, so values have the same text.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from psycopg import sql
+
+from tidemark.backfill.fence import SnapshotFence
+from tidemark.lsn import Lsn
+from tidemark.replication.client import session_options
+from tidemark.shapes.identifiers import quote_identifier
+from tidemark.shapes.model import BoundShape
+from tidemark.shapes.predicate import predicate_sql
+
+PAGES_PER_CHUNK = 2048  # 16 MiB of heap per chunk at the default 8 KiB block size
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    fence: SnapshotFence
+    snapshot_id: str  # pg_export_snapshot()
+    relpages: int
+    estimated_rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    first_page: int
+    end_page: int | None  # None: to the end of the table (pages added since)
+
+
+async def open_snapshot(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], shape: BoundShape
+) -> Snapshot:
+    """Begin the snapshot transaction on ``conn`` (kept open by the caller)."""
+    await conn.execute("begin isolation level repeatable read read only")
+    row = await (
+        await conn.execute(
+            "select pg_current_snapshot()::text, pg_current_wal_lsn()::text, pg_export_snapshot()"
+        )
+    ).fetchone()
+    assert row is not None
+    fence = SnapshotFence.parse(str(row[0]), int(Lsn.parse(str(row[1]))))
+    rel = shape.relation
+    stats = await (
+        await conn.execute(
+            "select (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint,"
+            " greatest(c.reltuples, 0)::bigint from pg_class c"
+            " join pg_namespace n on n.oid = c.relnamespace"
+            " where n.nspname = %s and c.relname = %s",
+            (rel.namespace, rel.name),
+        )
+    ).fetchone()
+    relpages, reltuples = (int(str(stats[0])), int(str(stats[1]))) if stats else (0, 0)
+    return Snapshot(fence, str(row[2]), relpages, reltuples)
+
+
+def plan_chunks(relpages: int, pages_per_chunk: int = PAGES_PER_CHUNK) -> list[Chunk]:
+    """Page ranges covering the table; the last one is open-ended."""
+    starts = list(range(0, max(relpages, 1), pages_per_chunk))
+    return [Chunk(a, b) for a, b in zip(starts, [*starts[1:], None], strict=True)]
+
+
+def snapshot_query(shape: BoundShape, chunk: Chunk) -> sql.Composed:
+    """The chunk's SELECT: quoted identifiers, the validated predicate, a ctid range."""
+    rel = shape.relation
+    columns = sql.SQL(", ").join(
+        sql.SQL(quote_identifier(c.name)) if c.name in _present(shape) else sql.SQL("NULL")
+        for c in shape.output_columns
+    )
+    conditions = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)"))]
+    if chunk.end_page is not None:
+        conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({chunk.end_page},0)")))
+    if shape.predicate is not None:
+        conditions.append(sql.SQL("({})").format(sql.SQL(predicate_sql(shape.predicate))))
+    return sql.SQL("select {} from {}.{} where {}").format(
+        columns,
+        sql.SQL(quote_identifier(rel.namespace)),
+        sql.SQL(quote_identifier(rel.name)),
+        sql.SQL(" and ").join(conditions),
+    )
+
+
+def _present(shape: BoundShape) -> set[str]:
+    return {c.name for c in shape.relation.columns}
+
+
+async def read_chunk(dsn: str, snapshot_id: str, shape: BoundShape, chunk: Chunk) -> pa.Table:
+    """The chunk's rows as a table of text columns (output column names)."""
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, options=session_options(dsn))
+    try:
+        await conn.execute("begin isolation level repeatable read read only")
+        await conn.execute(sql.SQL("set transaction snapshot {}").format(sql.Literal(snapshot_id)))
+        buffer = io.BytesIO()
+        query = sql.SQL("copy ({}) to stdout (format csv)").format(snapshot_query(shape, chunk))
+        async with conn.cursor() as cur, cur.copy(query) as copy:
+            async for data in copy:
+                buffer.write(data)
+        await conn.execute("commit")
+    finally:
+        await conn.close()
+    return parse_csv(buffer.getvalue(), [c.name for c in shape.output_columns])
+
+
+def parse_csv(data: bytes, names: Sequence[str]) -> pa.Table:
+    """COPY CSV into string columns: unquoted empty is NULL, quoted empty is ''."""
+    names = list(names)
+    if not data:
+        return pa.table({n: pa.array([], pa.string()) for n in names})
+    return pacsv.read_csv(
+        io.BytesIO(data),
+        read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 24),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types=dict.fromkeys(names, pa.string()),
+            strings_can_be_null=True,
+            null_values=[""],
+            quoted_strings_can_be_null=False,
+        ),
+    )

@@ -1,0 +1,339 @@
+"""Backfill: shapes on tables that already have rows, merged with the live stream
+exactly once; resync while writing; edge cases. Every test compares the folded
+shape with Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from tidemark.backfill import reader
+from tidemark.errors import ShapeError
+from tidemark.shapes.model import ShapeDefinition
+from tidemark.sink.table import table_path
+from tidemark.verify import compare_shape
+
+from .conftest import PgDatabase
+from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+
+
+class Writer(threading.Thread):
+    """Inserts, updates moving rows across the predicate, deletes, in small txns."""
+
+    def __init__(self, dsn: str, start_id: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.next_id = dsn, start_id
+        self.stop = threading.Event()
+        self.transactions = 0
+
+    def run(self) -> None:
+        rng = random.Random(5)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                with conn.transaction():
+                    for _ in range(rng.randint(1, 10)):
+                        roll = rng.random()
+                        if roll < 0.4:
+                            conn.execute(
+                                "insert into items values (%s, %s, 'new')",
+                                (self.next_id, rng.randint(0, 99)),
+                            )
+                            self.next_id += 1
+                        elif roll < 0.85:
+                            conn.execute(
+                                "update items set score = %s, note = note || '+' where id = %s",
+                                (rng.randint(0, 99), rng.randint(1, self.next_id)),
+                            )
+                        else:
+                            conn.execute(
+                                "delete from items where id = %s", (rng.randint(1, self.next_id),)
+                            )
+                self.transactions += 1
+
+
+def make_items(db: PgDatabase, rows: int) -> None:
+    db.execute(
+        "create table items (id int primary key, score int, note text);"
+        "alter table items replica identity full"
+    )
+    db.execute(
+        "insert into items select g, g %% 100, repeat('n', 40) from generate_series(1, %s) g",
+        (rows,),
+    )
+    db.execute("analyze items")
+
+
+def keys_unique(root: Path, shape: str) -> bool:
+    table = DeltaTable(str(table_path(root, shape))).to_pyarrow_table(columns=["_lsn", "_op"])
+    pairs = Counter(
+        zip(table.column("_lsn").to_pylist(), table.column("_op").to_pylist(), strict=True)
+    )
+    return max(pairs.values(), default=1) == 1
+
+
+HIGH = "select * from items where score >= 50"
+
+
+async def test_backfill_under_concurrent_writes_equals_postgres(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    # given a table that already has 60k rows, read in several parallel chunks
+    make_items(pg_db, 60_000)
+    monkeypatch.setattr(reader, "PAGES_PER_CHUNK", 100)
+    writer = Writer(pg_db.dsn, 60_001)
+    writer.start()  # writes keep coming before, during and after the snapshot
+    settings = settings_for(
+        pg_db.dsn,
+        str(tmp_path),
+        [{"name": "high", "table": "public.items", "where": "score >= 50"}],
+    )
+    try:
+        async with running_service(settings, spark) as service:
+            # while backfilling, the shape is not ready and has no frontier
+            status = service.shapes["high"]
+            seen_backfilling = False
+            async with asyncio.timeout(120):
+                while status.state != "active":
+                    if status.state == "backfilling":
+                        seen_backfilling = True
+                        assert service.frontier("high") is None
+                    await asyncio.sleep(0.02)
+            assert seen_backfilling and status.backfill is not None
+            assert status.backfill.chunks > 3 and status.backfill.rows_done > 25_000
+            await asyncio.sleep(1.5)  # more stream on top of the snapshot
+            writer.stop.set()
+            writer.join(timeout=30)
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+    finally:
+        writer.stop.set()
+    assert writer.transactions > 50
+    # nothing lost: the fold equals Postgres
+    result = compare_shape(spark, str(tmp_path), "high", HIGH, pg_db.dsn)
+    assert result.equal, result.describe()
+    assert keys_unique(tmp_path, "high")
+    # nothing doubled: no stream row belongs to a transaction the snapshot holds
+    from tidemark.backfill.state import BackfillState
+
+    record = BackfillState(tmp_path).get("high")
+    assert record is not None
+    rows = (
+        DeltaTable(str(table_path(tmp_path, "high")))
+        .to_pyarrow_table(columns=["_kind", "_lsn", "_xid"])
+        .to_pylist()
+    )
+    stream = [r for r in rows if r["_kind"] != "snapshot"]
+    snapshot = [r for r in rows if r["_kind"] == "snapshot"]
+    assert len(snapshot) > 25_000 and stream
+    doubled = [r for r in stream if record.fence.skips(r["_lsn"], r["_xid"])]
+    assert doubled == []
+    # and the stream did carry transactions from below the snapshot's LSN that it
+    # did not hold (in progress at the snapshot), or at least some after it
+    assert any(r["_lsn"] >= record.fence.lsn for r in stream)
+
+
+async def test_resync_while_writing_replaces_the_table_and_equals_postgres(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    make_items(pg_db, 5_000)
+    settings = settings_for(
+        pg_db.dsn,
+        str(tmp_path),
+        [{"name": "high", "table": "public.items", "where": "score >= 50"}],
+    )
+    writer = Writer(pg_db.dsn, 5_001)
+    try:
+        async with running_service(settings, spark) as service:
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+            writer.start()
+            await asyncio.sleep(1.0)
+            before = set(service.scheduler.writers["high"].table.active_files())  # type: ignore[union-attr]
+            # when the shape is rebuilt while writes continue
+            await service.resync_shape("high")
+            status = service.shapes["high"]
+            async with asyncio.timeout(120):
+                while status.backfills_done < 2 or status.state != "active":
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            writer.stop.set()
+            writer.join(timeout=30)
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+            after = set(service.scheduler.writers["high"].table.active_files())  # type: ignore[union-attr]
+    finally:
+        writer.stop.set()
+    # then the old files were replaced in one commit, and the result is exact
+    assert before and not (before & after)
+    result = compare_shape(spark, str(tmp_path), "high", HIGH, pg_db.dsn)
+    assert result.equal, result.describe()
+    assert keys_unique(tmp_path, "high")
+
+
+async def test_a_predicate_matching_nothing_backfills_empty_and_is_ready(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    make_items(pg_db, 1_000)
+    settings = settings_for(
+        pg_db.dsn, str(tmp_path), [{"name": "none", "table": "public.items", "where": "score < 0"}]
+    )
+    async with running_service(settings, spark) as service:
+        pg_db.execute("update items set score = 7 where id = 1")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        assert service.shapes["none"].state == "active"
+    result = compare_shape(
+        spark, str(tmp_path), "none", "select * from items where score < 0", pg_db.dsn
+    )
+    assert result.equal and not result.got
+
+
+async def test_a_table_without_primary_key_needs_replica_identity_full(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    pg_db.execute(
+        "create table log (at int, msg text);"
+        "insert into log select g, 'm' || g from generate_series(1, 500) g"
+    )
+    async with running_service(settings_for(pg_db.dsn, str(tmp_path), []), spark) as service:
+        definition = ShapeDefinition(name="log_all", table="public.log")
+        with pytest.raises(ShapeError, match="REPLICA IDENTITY FULL"):
+            await service.add_shape(definition)
+        assert "log_all" not in service.shapes
+        pg_db.execute("alter table log replica identity full")
+        await service.add_shape(definition)
+        pg_db.execute("insert into log values (501, 'late'); delete from log where at = 3")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    result = compare_shape(spark, str(tmp_path), "log_all", "select * from log", pg_db.dsn)
+    assert result.equal, result.describe()
+
+
+def test_a_backfill_killed_midway_restarts_cleanly(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    import json
+    import os
+    import signal
+    import time
+    import urllib.request
+
+    from tidemark.embedded import free_port
+
+    from .test_e2e_crash import ROOT, start_service, wait_streaming
+
+    # given a table big enough that its backfill takes a while
+    make_items(pg_db, 300_000)
+    port = free_port()
+    root = tmp_path / "lake"
+    shapes = [{"name": "high", "table": "public.items", "where": "score >= 50"}]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "service"),
+        "TIDEMARK_SOURCE__DSN": pg_db.dsn,
+        "TIDEMARK_SINK__ROOT": str(root),
+        "TIDEMARK_HTTP__PORT": str(port),
+        "TIDEMARK_SHAPES": json.dumps(shapes),
+        "TIDEMARK_LOG_FORMAT": "json",
+        "TIDEMARK_CONFIG": str(tmp_path / "none.toml"),
+    }
+    log = tmp_path / "service.log"
+    proc = start_service(env, log)
+    try:
+        wait_streaming(port, proc)
+        # when the service is killed while the backfill is running
+        deadline = time.monotonic() + 60
+        while "backfill.started" not in log.read_text():
+            assert time.monotonic() < deadline, "backfill did not start"
+            time.sleep(0.1)
+        pg_db.execute("update items set score = 99 where id <= 100")
+        time.sleep(1.5)
+        assert "backfill.committed" not in log.read_text()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        pg_db.execute("delete from items where id between 101 and 200")
+        # then a restart backfills again from a fresh snapshot, and the result is exact
+        proc = start_service(env, log)
+        wait_streaming(port, proc)
+        pg_db.execute("insert into items values (400001, 77, 'after')")
+        with psycopg.connect(pg_db.dsn) as conn:
+            target = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+        url = f"http://127.0.0.1:{port}/v1/progress/wait?lsn={target}&timeout=180&shape=high"
+        with urllib.request.urlopen(url, timeout=190) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert log.read_text().count("backfill.started") == 2
+    result = compare_shape(spark, str(root), "high", HIGH, pg_db.dsn)
+    assert result.equal, result.describe()
+    assert keys_unique(root, "high")
+
+
+async def test_a_snapshot_taken_while_the_stream_lags_skips_what_it_holds(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    from tidemark.backfill.state import BackfillState
+
+    make_items(pg_db, 2_000)
+    settings = settings_for(
+        pg_db.dsn,
+        str(tmp_path),
+        [{"name": "high", "table": "public.items", "where": "score >= 50"}],
+    )
+    writer = Writer(pg_db.dsn, 2_001)
+    try:
+        async with running_service(settings, spark) as service:
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+            writer.start()
+            # given a stream that lags: the consumer is held while writes pile up
+            await service._consume_lock.acquire()
+            try:
+                await asyncio.sleep(1.5)
+                await service.resync_shape("high")
+                await asyncio.sleep(0.5)  # the backfill now waits to pause the consumer
+            finally:
+                service._consume_lock.release()
+            # when the snapshot is taken with committed transactions still unprocessed
+            status = service.shapes["high"]
+            async with asyncio.timeout(120):
+                while status.backfills_done < 2 or status.state != "active":
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            writer.stop.set()
+            writer.join(timeout=30)
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+            skipped = service.collector.stats
+    finally:
+        writer.stop.set()
+    # then those transactions were skipped for the shape (the snapshot holds them) ...
+    record = BackfillState(tmp_path).get("high")
+    assert record is not None
+    rows = (
+        DeltaTable(str(table_path(tmp_path, "high")))
+        .to_pyarrow_table(columns=["_kind", "_lsn", "_xid"])
+        .to_pylist()
+    )
+    stream = [r for r in rows if r["_kind"] != "snapshot"]
+    assert [r for r in stream if record.fence.skips(r["_lsn"], r["_xid"])] == []
+    assert skipped.transactions > 20
+    # ... and nothing was lost
+    result = compare_shape(spark, str(tmp_path), "high", HIGH, pg_db.dsn)
+    assert result.equal, result.describe()
