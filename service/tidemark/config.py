@@ -70,7 +70,7 @@ class FlushSettings(BaseModel):
     max_rows: int = Field(default=200_000, gt=0)
     max_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
     max_age_s: float = Field(default=1.0, gt=0)
-    concurrency: int = Field(default=2, ge=1, le=8)
+    concurrency: int = Field(default=4, ge=1, le=8)
     memory_budget_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     stage_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
 

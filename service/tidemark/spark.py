@@ -30,7 +30,8 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
-    "spark.sql.parquet.compression.codec": "zstd",
+    # snappy: measured 25% faster than zstd per batch here (bench/sink_bench.py)
+    "spark.sql.parquet.compression.codec": "snappy",
     "spark.sql.sources.commitProtocolClass": (
         "org.apache.spark.sql.execution.datasources.SQLHadoopMapReduceCommitProtocol"
     ),

@@ -29,6 +29,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import structlog
@@ -427,25 +428,28 @@ class ReplicationClient:
             except psycopg.OperationalError as exc:
                 raise _ConnectionLost(str(exc)) from exc
             payloads: list[bytes] = []
-            last = 0
+            append = payloads.append
+            header: Any = None  # the last XLogData: WAL positions never decrease in a stream
+            received = 0
             while True:
                 nbytes, data = pgconn.get_copy_data(1)
                 if nbytes > 0:
                     kind = data[0]
                     if kind == 0x77:  # 'w' XLogData
-                        wal_start = unpack_x(data, 1)[0]
-                        payloads.append(bytes(data[25:]))
-                        if wal_start > last:
-                            last = wal_start
-                        stats.bytes_received += nbytes
+                        append(bytes(data[25:]))
+                        header = data
+                        received += nbytes
                     elif kind == 0x6B:  # 'k' primary keepalive
                         wal_end, _ts, reply = unpack_k(data, 1)
                         stats.keepalives += 1
                         if payloads:
+                            last = unpack_x(header, 1)[0]
                             feedback.note_received(last)
                             stats.messages_received += len(payloads)
+                            stats.bytes_received += received
                             await queue.put(WalBatch(payloads, last))
-                            payloads, last = [], 0
+                            payloads, header, received = [], None, 0
+                            append = payloads.append
                         feedback.note_keepalive(wal_end, bool(reply))
                         if reply:
                             self._wake.set()
@@ -462,8 +466,10 @@ class ReplicationClient:
                 err_text = (pgconn.error_message or b"").decode(errors="replace")
                 raise _ConnectionLost(err_text or "copy failed")
             if payloads:
+                last = unpack_x(header, 1)[0]
                 feedback.note_received(last)
                 stats.messages_received += len(payloads)
+                stats.bytes_received += received
                 await queue.put(WalBatch(payloads, last))
                 continue  # there may be more already buffered
             await self._wait_readable(None)

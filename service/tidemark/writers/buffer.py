@@ -80,7 +80,7 @@ class _OpenTxn:
     rows: Rows = field(default_factory=Rows)
     staged: list[DataFile] = field(default_factory=list)
     staged_rows: int = 0
-    last_offset: LogOffset | None = None
+    last_op: int = -1  # the last row's _op (-1: none yet)
 
 
 class ShapeBuffer:
@@ -109,6 +109,12 @@ class ShapeBuffer:
     def open_lsn(self) -> int | None:
         return None if self._open is None else self._open.lsn
 
+    @property
+    def open_last_offset(self) -> LogOffset | None:
+        """Offset of the last row of the open transaction, if it has one."""
+        txn = self._open
+        return None if txn is None or txn.last_op < 0 else LogOffset(txn.lsn, txn.last_op)
+
     def append(
         self,
         op: int,
@@ -127,7 +133,7 @@ class ShapeBuffer:
         if unchanged:
             rows.has_unchanged = True
         rows.nbytes += size_hint + ROW_OVERHEAD
-        txn.last_offset = LogOffset(txn.lsn, op)
+        txn.last_op = op
 
     def end_txn(self, now: float) -> int:
         """Move the open transaction to ready; returns how many rows it had."""
@@ -135,13 +141,13 @@ class ShapeBuffer:
         assert txn is not None
         self._open = None
         count = len(txn.rows)
-        if txn.last_offset is None:  # nothing written for this shape
+        if txn.last_op < 0:  # nothing written for this shape
             return 0
         txn.rows.runs.append((txn.lsn, txn.xid, txn.commit_ts, count))
         self._ready.extend(txn.rows)
         self._ready_staged.extend(txn.staged)
         self._ready_txns += 1
-        self._ready_end = (txn.lsn, txn.last_offset)
+        self._ready_end = (txn.lsn, LogOffset(txn.lsn, txn.last_op))
         if self._ready_since is None:
             self._ready_since = now
         return count + txn.staged_rows

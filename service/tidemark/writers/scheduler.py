@@ -43,7 +43,7 @@ class FlushPolicy:
     max_bytes: int = 128 * 1024 * 1024
     max_age_s: float = 1.0
     coalesce_age_s: float = 0.25
-    concurrency: int = 2
+    concurrency: int = 4
     memory_budget: int = 1024 * 1024 * 1024
     stage_bytes: int = 256 * 1024 * 1024
 

@@ -84,13 +84,17 @@ class ShapeWriter:
         size_hint: int,
     ) -> None:
         self.buffer.append(op, kind, values, unchanged, size_hint)
-        self.alignment.record_written(LogOffset(self.buffer.open_lsn or 0, op))
 
     def end_txn(self, txn_last_offset: LogOffset) -> None:
         """The transaction committed; the tracker has seen its commit already."""
         if not self._accepting:
             return
         self._accepting = False
+        # Alignment needs only the last row of the transaction: flushes commit closed
+        # transactions only, so per-row bookkeeping would be wasted on the hot path.
+        last = self.buffer.open_last_offset
+        if last is not None:
+            self.alignment.record_written(last)
         self.buffer.end_txn(self._clock())
         held = self.alignment.end_txn(txn_last_offset)
         if held is not None:
