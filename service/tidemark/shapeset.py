@@ -100,7 +100,7 @@ class ShapeSet:
     async def _source(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
         return await psycopg.AsyncConnection.connect(self.settings.source.dsn, autocommit=True)
 
-    async def start(self) -> list[str]:
+    async def start(self) -> list[tuple[str, str]]:
         """Reconcile declared shapes, activate every registered one; their tables."""
         declared = [ShapeDefinition(**s.model_dump()) for s in self.settings.shapes]
         result = self.registry.reconcile(declared)
@@ -114,13 +114,13 @@ class ShapeSet:
         for name in result.changed:  # a new definition: rebuild from a snapshot
             self.backfills.forget(name)
         conn = await self._source()
-        tables: list[str] = []
+        tables: list[tuple[str, str]] = []
         try:
             for registered in self.registry.shapes():
                 definition = registered.definition
                 try:
                     await self._activate(definition, registered.origin, conn)
-                    tables.append(definition.table)
+                    tables.append((definition.schema_name, definition.table_name))
                 except ShapeError as exc:
                     if registered.origin == "config":
                         raise ShapeError(f"shape '{definition.name}': {exc}") from exc
@@ -187,7 +187,9 @@ class ShapeSet:
             await validate_shape(conn, definition)  # fails before anything is persisted
             if not self.settings.source.publish_all_tables:
                 await add_tables_to_publication(
-                    conn, self.settings.source.publication, [definition.table]
+                    conn,
+                    self.settings.source.publication,
+                    [(definition.schema_name, definition.table_name)],
                 )
             created = self.registry.add(definition, origin=origin)  # type: ignore[arg-type]
             if not created and definition.name in self.statuses:

@@ -160,3 +160,27 @@ async def test_added_column_with_a_default_is_resynced_to_equal_postgres(
     result = compare_shape(spark, str(tmp_path), "t_all", "select * from t", pg_db.dsn)
     assert result.equal, result.describe()
     assert ("1", "v", "yes") in {tuple(map(str, r)) for r in result.got}
+
+
+async def test_a_table_whose_names_hold_dots_and_quotes_is_published_and_followed(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    run(
+        pg_db,
+        'create schema "My.Schema"; create table "My.Schema"."Or""ders" (id int primary key, v text)',
+    )
+    run(pg_db, """insert into "My.Schema"."Or""ders" values (1, 'before')""")
+    shape = {"name": "odd", "table": '"My.Schema"."Or""ders"'}
+    async with running_service(settings_for(pg_db.dsn, str(tmp_path), [shape]), spark) as service:
+        run(pg_db, """insert into "My.Schema"."Or""ders" values (2, 'after')""")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    rows = pg_db.execute(
+        "select schemaname, tablename from pg_publication_tables where pubname = 'tm_e2e'"
+    )
+    assert rows == [("My.Schema", 'Or"ders')]
+    result = compare_shape(
+        spark, str(tmp_path), "odd", 'select * from "My.Schema"."Or""ders"', pg_db.dsn
+    )
+    assert result.equal, result.describe()

@@ -27,7 +27,7 @@ import contextlib
 import random
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +59,8 @@ class SourceConfig:
     dsn: str
     slot: str = "tidemark"
     publication: str = "tidemark"
-    publication_tables: tuple[str, ...] | None = None  # None: FOR ALL TABLES when created
+    # (schema, table) pairs; None: FOR ALL TABLES when the publication is created
+    publication_tables: tuple[tuple[str, str], ...] | None = None
     create_publication: bool = True
     create_slot: bool = True
     proto_version: int | None = None  # None: the highest the server speaks (v4 on PG 16)
@@ -591,7 +592,3 @@ def _parse_duration_s(text: str) -> float:
         if text.endswith(unit):
             return float(text[: -len(unit)]) * units[unit]
     return float(text) / 1000.0  # bare numbers are milliseconds
-
-
-def publication_tables(tables: Sequence[str] | None) -> tuple[str, ...] | None:
-    return None if tables is None else tuple(tables)

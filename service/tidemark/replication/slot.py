@@ -81,17 +81,26 @@ async def role_can_replicate(conn: psycopg.AsyncConnection[tuple[object, ...]]) 
     return bool(row and row[0])
 
 
+TableName = tuple[str, str]  # (schema, table), exactly as the catalog spells them
+
+
+def _table_text(table: TableName) -> str:
+    from tidemark.shapes.identifiers import format_identifier
+
+    return ".".join(format_identifier(part) for part in table)
+
+
 async def ensure_publication(
     conn: psycopg.AsyncConnection[tuple[object, ...]],
     name: str,
-    tables: Sequence[str] | None,
+    tables: Sequence[TableName] | None,
     *,
     create: bool = True,
 ) -> bool:
     """Make sure publication ``name`` exists; returns True if it was created.
 
     ``tables=None`` creates it ``FOR ALL TABLES`` (needs superuser); otherwise
-    ``FOR TABLE`` the given schema-qualified tables, and adds any of them missing
+    ``FOR TABLE`` the given (schema, table) pairs, and adds any of them missing
     from an existing publication.
     """
     check_name("publication", name)
@@ -129,17 +138,17 @@ async def ensure_publication(
 
 
 async def add_tables_to_publication(
-    conn: psycopg.AsyncConnection[tuple[object, ...]], name: str, tables: Sequence[str]
-) -> list[str]:
+    conn: psycopg.AsyncConnection[tuple[object, ...]], name: str, tables: Sequence[TableName]
+) -> list[TableName]:
     """Add the tables missing from publication ``name``; returns those added."""
     rows = await (
         await conn.execute(
-            "select schemaname || '.' || tablename from pg_publication_tables where pubname = %s",
+            "select schemaname, tablename from pg_publication_tables where pubname = %s",
             (name,),
         )
     ).fetchall()
-    present = {r[0] for r in rows}
-    missing = [t for t in tables if _plain(t) not in present]
+    present = {(str(r[0]), str(r[1])) for r in rows}
+    missing = [t for t in tables if tuple(t) not in present]
     for table in missing:
         try:
             await conn.execute(
@@ -150,24 +159,17 @@ async def add_tables_to_publication(
         except psycopg.errors.DuplicateObject:
             continue
         except psycopg.errors.InsufficientPrivilege as exc:
+            text = _table_text(table)
             raise ReplicationError(
-                f"cannot add table {table} to publication '{name}': "
-                f"{exc.diag.message_primary}. Run ALTER PUBLICATION {name} ADD TABLE {table}; "
+                f"cannot add table {text} to publication '{name}': "
+                f"{exc.diag.message_primary}. Run ALTER PUBLICATION {name} ADD TABLE {text}; "
                 "as the table owner"
             ) from exc
     return missing
 
 
-def _plain(table: str) -> str:
-    schema, _, name = table.partition(".")
-    return f"{schema.strip(chr(34))}.{name.strip(chr(34))}"
-
-
-def _table_ident(table: str) -> sql.Composable:
-    schema, dot, name = table.partition(".")
-    if not dot:
-        schema, name = "public", schema
-    return sql.Identifier(schema.strip('"'), name.strip('"'))
+def _table_ident(table: TableName) -> sql.Composable:
+    return sql.Identifier(*table)
 
 
 async def slot_state(
