@@ -169,7 +169,8 @@ async def test_a_table_whose_names_hold_dots_and_quotes_is_published_and_followe
 ) -> None:
     run(
         pg_db,
-        'create schema "My.Schema"; create table "My.Schema"."Or""ders" (id int primary key, v text)',
+        'create schema "My.Schema";'
+        ' create table "My.Schema"."Or""ders" (id int primary key, v text)',
     )
     run(pg_db, """insert into "My.Schema"."Or""ders" values (1, 'before')""")
     shape = {"name": "odd", "table": '"My.Schema"."Or""ders"'}
