@@ -105,6 +105,16 @@ async def test_the_api_serves_health_shapes_progress_and_waits(
         assert (await call(service, "GET", "/v1/progress/wait?lsn=nope"))[0] == 400
         assert (await call(service, "GET", "/v1/shapes/nope"))[0] == 404
 
+        # a resync over HTTP rebuilds the shape from a fresh snapshot
+        assert (await call(service, "POST", "/v1/shapes/t_big/resync", token=None))[0] == 401
+        status, body = await call(service, "POST", "/v1/shapes/t_big/resync")
+        assert status == 202 and body["state"] == "backfilling" and body["ready"] is False
+        async with asyncio.timeout(60):
+            while not (await call(service, "GET", "/v1/shapes/t_big"))[1]["ready"]:
+                await asyncio.sleep(0.1)
+        assert service.shapes["t_big"].backfills_done == 2
+        assert (await call(service, "POST", "/v1/shapes/nope/resync"))[0] == 404
+
         # removing a shape (its table stays)
         assert (await call(service, "DELETE", "/v1/shapes/t_big", token=None))[0] == 401
         assert (await call(service, "DELETE", "/v1/shapes/t_big"))[0] == 204
@@ -146,6 +156,26 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
         assert code == 0 and "t_one" in out
         code, out = await asyncio.to_thread(run, "shapes", "list", "--url", url)
         assert code == 0 and "t_one" in out and "id = 1" in out
+        code, out = await asyncio.to_thread(
+            run,
+            "shapes",
+            "add",
+            "t_two",
+            "--table",
+            "public.t",
+            "--where",
+            "id = 2",
+            "--wait",
+            "--timeout",
+            "60",
+            "--url",
+            url,
+        )
+        assert code == 0 and "t_two is ready" in out
+        code, out = await asyncio.to_thread(
+            run, "shapes", "resync", "t_all", "--wait", "--timeout", "60", "--url", url
+        )
+        assert code == 0 and "rebuilt" in out and "t_all is ready" in out
         code, out = await asyncio.to_thread(run, "read", "t_all", "--root", str(tmp_path))
         assert code == 0 and "one" in out and "two" in out and "2 row(s)" in out
         code, out = await asyncio.to_thread(
