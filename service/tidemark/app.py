@@ -94,7 +94,6 @@ class Service:
         self.client: ReplicationClient | None = None
         self.monitor: ReplicationMonitor | None = None
         self._stop = asyncio.Event()
-        self._stopped = asyncio.Event()
         self._consume_lock = asyncio.Lock()
         self._decoder: PgOutputDecoder | None = None
         self._last_keepalive_end: int | None = None
@@ -291,7 +290,6 @@ class Service:
         finally:
             self.metrics.up.set(0)
             self.metrics.streaming.set(0)
-            self._stopped.set()
 
     async def _shutdown_when_asked(self, tasks: list[asyncio.Task[Any]]) -> None:
         await self._stop.wait()
@@ -315,9 +313,6 @@ class Service:
         self.phase = "stopped"
         fb = self.client.feedback if self.client else None
         log.info("service.stopped", flushed_lsn=format_lsn(fb.flush_lsn) if fb else None)
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
 
     # -- progress, frontiers, readiness ------------------------------------------------------
 

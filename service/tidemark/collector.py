@@ -146,14 +146,6 @@ class ShapeLogCollector:
                 writer.abort_txn()
         self.tracker.handle_shape_removed(name)
 
-    @property
-    def shape_names(self) -> list[str]:
-        return list(self._shapes)
-
-    def bound(self, name: str) -> BoundShape | None:
-        entry = self._shapes.get(name)
-        return None if entry is None else entry[1]
-
     def _bind_into(self, index: ShapeIndex, shape: BoundShape) -> None:
         rebound = rebind(shape, index.relation)
         if isinstance(rebound, ShapeResync):

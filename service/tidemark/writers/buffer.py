@@ -106,10 +106,6 @@ class ShapeBuffer:
         return self._open is not None
 
     @property
-    def open_lsn(self) -> int | None:
-        return None if self._open is None else self._open.lsn
-
-    @property
     def open_last_offset(self) -> LogOffset | None:
         """Offset of the last row of the open transaction, if it has one."""
         txn = self._open

@@ -284,9 +284,3 @@ class FlushScheduler:
     async def wait_idle(self) -> None:
         await self._idle.wait()
         self._raise_failure()
-
-    def pending(self) -> bool:
-        """Rows buffered or being written anywhere."""
-        return bool(self._jobs) or any(
-            w.buffer.ready_since is not None or w.in_txn for w in self.writers.values()
-        )
