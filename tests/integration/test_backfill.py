@@ -327,3 +327,25 @@ async def test_a_snapshot_taken_while_the_stream_lags_skips_what_it_holds(
     # ... and nothing was lost
     result = compare_shape(spark, str(tmp_path), "high", HIGH, pg_db.dsn)
     assert result.equal, result.describe()
+
+
+async def test_a_declared_shape_whose_definition_changed_is_rebuilt_at_start(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    make_items(pg_db, 3_000)
+    first = [{"name": "high", "table": "public.items", "where": "score >= 50"}]
+    async with running_service(settings_for(pg_db.dsn, str(tmp_path), first), spark) as service:
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    pg_db.execute("update items set score = 95 where id <= 10")
+    # when the configuration changes the shape's predicate and the service restarts
+    second = [{"name": "high", "table": "public.items", "where": "score >= 90"}]
+    async with running_service(settings_for(pg_db.dsn, str(tmp_path), second), spark) as service:
+        assert service.shapes["high"].state == "backfilling"
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    # then its table holds exactly the rows of the new definition
+    query = "select * from items where score >= 90"
+    result = compare_shape(spark, str(tmp_path), "high", query, pg_db.dsn)
+    assert result.equal, result.describe()
+    assert keys_unique(tmp_path, "high")
