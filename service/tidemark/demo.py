@@ -195,8 +195,8 @@ async def _run(settings: Any, spark: Any, dsn: str, duration_s: float) -> bool:
     deadline = time.monotonic() + 120
     reached = False
     while time.monotonic() < deadline:
-        frontiers = service.progress().frontiers
-        if frontiers and all(f >= target for f in frontiers.values()):
+        frontiers = service.progress().frontiers  # shapes still backfilling have none
+        if service.shapes and all(frontiers.get(n, -1) >= target for n in service.shapes):
             reached = True
             break
         await asyncio.sleep(0.2)
