@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import hashlib
 import os
 import pwd
 import shutil
@@ -109,9 +110,16 @@ def _server_user() -> ServerUser | None:
 def _executable_by(user: ServerUser | None, path: Path) -> bool:
     if user is None:
         return os.access(path, os.X_OK)
-    probe = subprocess.run(
-        [str(path), "--version"], user=user.uid, group=user.gid, capture_output=True, check=False
-    )
+    try:
+        probe = subprocess.run(
+            [str(path), "--version"],
+            user=user.uid,
+            group=user.gid,
+            capture_output=True,
+            check=False,
+        )
+    except OSError:  # e.g. the install sits under /root (mode 0700): not reachable
+        return False
     return probe.returncode == 0
 
 
@@ -120,7 +128,9 @@ def _usable_install(bin_dir: Path, user: ServerUser | None) -> Path:
     if _executable_by(user, bin_dir / "postgres"):
         return bin_dir
     install = bin_dir.parent
-    cache = Path(tempfile.gettempdir()) / f"tidemark-pginstall-{abs(hash(str(install))):x}"
+    # a stable name (not hash(), which changes per process): one copy per install
+    digest = hashlib.sha1(str(install.resolve()).encode()).hexdigest()[:12]
+    cache = Path(tempfile.gettempdir()) / f"tidemark-pginstall-{digest}"
     if not (cache / "bin" / "postgres").exists():
         staging = Path(tempfile.mkdtemp(prefix="tidemark-pginstall-"))
         shutil.copytree(install, staging / "install", symlinks=True)
