@@ -123,18 +123,34 @@ def _executable_by(user: ServerUser | None, path: Path) -> bool:
     return probe.returncode == 0
 
 
+def _install_parts(bin_dir: Path) -> tuple[Path, list[Path]]:
+    """The folder to copy from, and what to copy, so relative library paths still hold.
+
+    The wheel's binaries find their vendored libraries through an RPATH relative to
+    themselves (``$ORIGIN/../../../pgserver.libs``): copy ``<pkg>/pginstall`` and the
+    sibling ``<pkg>.libs`` under one root. A system install is self-contained.
+    """
+    install = bin_dir.parent
+    package = install.parent
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        return package.parent, [install, libs]
+    return install.parent, [install]
+
+
 def _usable_install(bin_dir: Path, user: ServerUser | None) -> Path:
     """A bin dir the server user can execute, copying the install when needed."""
     if _executable_by(user, bin_dir / "postgres"):
         return bin_dir
-    install = bin_dir.parent
+    base, parts = _install_parts(bin_dir)
     # a stable name (not hash(), which changes per process): one copy per install
-    digest = hashlib.sha1(str(install.resolve()).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(str(bin_dir.resolve()).encode()).hexdigest()[:12]
     cache = Path(tempfile.gettempdir()) / f"tidemark-pginstall-{digest}"
-    if not (cache / "bin" / "postgres").exists():
+    target = cache / bin_dir.relative_to(base)
+    if not (target / "postgres").exists():
         staging = Path(tempfile.mkdtemp(prefix="tidemark-pginstall-"))
-        shutil.copytree(install, staging / "install", symlinks=True)
-        os.chmod(staging, 0o755)
+        for part in parts:
+            shutil.copytree(part, staging / "copy" / part.relative_to(base), symlinks=True)
         for folder, _dirs, files in os.walk(staging):
             os.chmod(folder, 0o755)
             for name in files:
@@ -142,9 +158,9 @@ def _usable_install(bin_dir: Path, user: ServerUser | None) -> Path:
                 if not file.is_symlink():
                     os.chmod(file, os.stat(file).st_mode | 0o444)
         with contextlib.suppress(OSError):
-            (staging / "install").rename(cache)
+            (staging / "copy").rename(cache)
         shutil.rmtree(staging, ignore_errors=True)
-    return cache / "bin"
+    return target
 
 
 def _remove_stale_clusters() -> None:
