@@ -208,11 +208,19 @@ class BooleanTyper:
     # -- logic
 
     def _flatten(self, e: exp.Expression, kind: type[exp.Expression]) -> list[exp.Expression]:
-        while isinstance(e, exp.Paren):
-            e = e.this
-        if type(e) is kind:
-            return self._flatten(e.this, kind) + self._flatten(e.expression, kind)
-        return [e]
+        """The operands of a chain of ``kind`` (AND or OR), left to right, without
+        recursion: a chain of thousands of terms is a left-deep tree that deep."""
+        items: list[exp.Expression] = []
+        stack = [e]
+        while stack:
+            node = stack.pop()
+            while isinstance(node, exp.Paren):
+                node = node.this
+            if type(node) is kind:
+                stack += (node.expression, node.this)  # the left operand is taken first
+            else:
+                items.append(node)
+        return items
 
     def t_And(self, e: exp.And) -> Node:
         return self.logic([self.boolean(x) for x in self._flatten(e, exp.And)], True, e)
@@ -436,10 +444,25 @@ class BooleanTyper:
 
 
 def number_literal(text: str) -> Const:
-    if re.fullmatch(r"-?\d+", text):
+    # beyond 19 digits no int8 fits (and Python refuses int() of 4,300+ digits)
+    if re.fullmatch(r"-?\d+", text) and len(text.lstrip("-").lstrip("0")) <= 19:
         value = int(text)
         for t in (INT4, INT8):
             low, high = INT_RANGE[t.bits]
             if low <= value <= high:
                 return Const(value, t)
-    return Const(Decimal(text), NUMERIC)
+    number = Decimal(text)
+    exponent = number.as_tuple().exponent
+    assert isinstance(exponent, int)
+    if (number and number.adjusted() >= NUMERIC_MAX_WEIGHT) or -exponent > NUMERIC_MAX_SCALE:
+        short = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+        raise ShapeError(
+            f"the number {short} overflows Postgres's numeric format (at most "
+            f"{NUMERIC_MAX_WEIGHT} digits before the decimal point, {NUMERIC_MAX_SCALE} "
+            "after it)"
+        )
+    return Const(number, NUMERIC)
+
+
+NUMERIC_MAX_WEIGHT = 131072  # digits before the point Postgres's numeric holds
+NUMERIC_MAX_SCALE = 16383  # digits after it

@@ -1,7 +1,8 @@
 """The columns of a shape's table: the shape's output columns, then metadata.
 
-Output columns take the Arrow type of their Postgres type
-(``tidemark.pgoutput.values.arrow_type``). Every row also carries:
+Output columns take the Arrow type of their Postgres type, as the catalog describes
+it (``tidemark.pgoutput.values``: ``describe`` and ``lake_column``), or the lake type
+the shape declares (``amount::numeric(18,4)``). Every row also carries:
 
 * ``_lsn`` (int64): commit LSN of its transaction (snapshot rows: the snapshot's LSN);
 * ``_op`` (int32): its index inside the transaction; ``(_lsn, _op)`` is unique;
@@ -16,10 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from tidemark.pgoutput.values import arrow_type
+from tidemark.pgoutput.values import LakeColumn, PgType, describe, lake_column
+
+if TYPE_CHECKING:
+    from tidemark.shapes.model import BoundShape
 
 LSN = "_lsn"
 OP = "_op"
@@ -41,15 +46,37 @@ METADATA_NAMES = frozenset(f.name for f in METADATA_FIELDS)
 
 @dataclass(frozen=True, slots=True)
 class ColumnSpec:
-    """One output column of a shape, as Postgres describes it."""
+    """One output column of a shape, as Postgres describes it.
+
+    ``pg_type`` is the column's full description (catalog types, declared casts);
+    without it the column is described from its oid alone (built-in types)."""
 
     name: str
     type_oid: int
     type_modifier: int = -1
+    pg_type: PgType | None = None
+
+    @property
+    def lake(self) -> LakeColumn:
+        return lake_column(self.pg_type or describe(self.type_oid, self.type_modifier))
 
     @property
     def arrow_type(self) -> pa.DataType:
-        return arrow_type(self.type_oid, self.type_modifier)
+        return self.lake.arrow_type
+
+
+def column_specs(shape: BoundShape) -> list[ColumnSpec]:
+    """The shape's output columns with their lake types: the catalog's description of
+    each column's type (``shape.types``), or the type the shape declares for it."""
+    casts = shape.definition.casts
+    specs = []
+    for c in shape.output_columns:
+        pg_type = describe(c.type_oid, c.type_modifier, shape.types)
+        cast = casts.get(c.name)
+        if cast is not None:
+            pg_type = cast.lake_type(pg_type)
+        specs.append(ColumnSpec(c.name, c.type_oid, c.type_modifier, pg_type))
+    return specs
 
 
 def table_schema(columns: Sequence[ColumnSpec]) -> pa.Schema:
@@ -63,6 +90,31 @@ def table_schema(columns: Sequence[ColumnSpec]) -> pa.Schema:
             "leave them out of the shape's columns"
         )
     return pa.schema([pa.field(c.name, c.arrow_type) for c in columns] + list(METADATA_FIELDS))
+
+
+PRIMARY_KEY_META = b"tidemark.primary_key"
+
+
+def with_primary_key(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
+    """``schema`` with the key recorded in its fields' metadata (position in the key)."""
+    position = {name: i for i, name in enumerate(primary_key)}
+    fields = []
+    for field in schema:
+        meta = {k: v for k, v in (field.metadata or {}).items() if k != PRIMARY_KEY_META}
+        if field.name in position:
+            meta[PRIMARY_KEY_META] = str(position[field.name]).encode()
+        fields.append(field.with_metadata(meta or None))
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def primary_key_of(schema: pa.Schema) -> list[str]:
+    """The key recorded by ``with_primary_key`` (empty if none)."""
+    keyed = [
+        (int(f.metadata[PRIMARY_KEY_META]), f.name)
+        for f in schema
+        if f.metadata and PRIMARY_KEY_META in f.metadata
+    ]
+    return [name for _, name in sorted(keyed)]
 
 
 def spark_schema(schema: pa.Schema):
