@@ -6,10 +6,21 @@ Tasks: the replication reader (``ReplicationClient``), the consumer (decoder +
 (frontiers, metrics, systemd watchdog, table maintenance).
 
 Acknowledgement path: writers commit -> ``FlushTracker`` notifies ``D`` ->
-``ReplicationClient.note_durable(D)`` -> status update. When the consumer has
-processed the stream up to a keepalive with no transaction open and the tracker
-caught up, the keepalive's ``wal_end`` is acknowledged too (re-checked after every
-keepalive and every tracker notification, never remembered as a flag).
+``ReplicationClient.note_durable(D)`` -> status update, sent only after
+``ContinuityStore.before_send`` made ``D`` (and any claim invalidation) durable.
+When the consumer has processed the stream up to a keepalive with no transaction
+open and the tracker caught up, the keepalive's ``wal_end`` is acknowledged too
+(re-checked after every keepalive and every tracker notification, never
+remembered as a flag).
+
+Start: the stream the shapes' claims were made on is checked against the source
+(``tidemark.continuity``) before any shape is activated; a gap stops the service
+or rebuilds the claimed shapes, as ``[source] on_stream_gap`` says.
+
+The monitor checks Postgres's ``confirmed_flush_lsn`` against a bound computed
+from the writers' own state (``acknowledgeable``: the oldest transaction any
+writer still holds uncommitted, and how far the consumer got), not from what
+tidemark sent: an acknowledgement bug shows up as a violation.
 
 Stop (SIGTERM/SIGINT or ``request_stop``): the consumer stops taking data,
 everything committed-in-source that is buffered is flushed, a final status update
@@ -17,6 +28,11 @@ goes out, the connection closes; all within ``shutdown_grace_s``. A crash of any
 task is logged with its context and ends ``run()`` with the error (the process
 exits non-zero, the supervisor restarts it); nothing is acknowledged that was not
 committed.
+
+Reload (SIGHUP or ``reload()``): the config file is read again and ``tidemark.reload``
+decides what changes; shapes change through ``add_shape``/``remove_shape`` as from the
+API, the flush policy is swapped in the scheduler, and keys read only at start are
+logged (``config.reload_needs_restart``). A file that does not load changes nothing.
 """
 
 from __future__ import annotations
@@ -25,37 +41,45 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 import structlog
 
 from tidemark import systemd
 from tidemark.aio import wait_event
-from tidemark.config import Settings
+from tidemark.config import Settings, load_settings
+from tidemark.continuity.guard import ContinuityGuard
+from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ProtocolError, TidemarkError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lsn import format_lsn
 from tidemark.observability import Metrics, refresh_metrics
 from tidemark.pgoutput.decoder import PgOutputDecoder
+from tidemark.reload import ReloadPlan, plan_reload
 from tidemark.replication.client import (
     KeepaliveMark,
     ReplicationClient,
     SourceConfig,
     StreamStarted,
     WalBatch,
+    observe_stream,
 )
 from tidemark.replication.monitor import ReplicationMonitor, Violation
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapeset import ShapeSet, ShapeStatus
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
+from tidemark.stalls import Stall, StallWatch
 from tidemark.writers.job import CommitResult
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
 log = structlog.get_logger("tidemark.app")
 
 FRAGMENT_CHANGES = 10_000  # backpressure check at least this often inside a batch
+AUDIT_EVERY_S = 30.0  # tables' transaction versions checked against the writers
+AUDIT_TABLES_PER_ROUND = 50
 
 
 @dataclass
@@ -68,8 +92,16 @@ class Progress:
 
 
 class Service:
-    def __init__(self, settings: Settings, *, spark: Any = None, metrics: Metrics | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        spark: Any = None,
+        metrics: Metrics | None = None,
+        config_path: str | None = None,
+    ):
         self.settings = settings
+        self.config_path = config_path  # what reload() reads (None: $TIDEMARK_CONFIG or ./)
         self.metrics = metrics or Metrics()
         self.spark = spark
         self.phase = "starting"
@@ -77,8 +109,15 @@ class Service:
         self.http_port: int | None = None
         self.violations: list[Violation] = []
         self.tracker = FlushTracker(self._on_durable, clock=time.monotonic)
+        self.store = ContinuityStore(settings.sink.root)
+        self.guard = ContinuityGuard(self.store, settings.source.on_stream_gap)
         self.shapeset = ShapeSet(
-            settings, self.tracker, paused=self._paused, on_change=self._frontiers_changed
+            settings,
+            self.tracker,
+            paused=self._paused,
+            on_change=self._frontiers_changed,
+            store=self.store,
+            frontier=self._raw_frontier,
         )
         self.collector = self.shapeset.collector
         flush = settings.flush
@@ -97,8 +136,14 @@ class Service:
         self._consume_lock = asyncio.Lock()
         self._decoder: PgOutputDecoder | None = None
         self._last_keepalive_end: int | None = None
+        self._idle_processed: int | None = None  # a keepalive reached with nothing held
         self._frontiers_dirty = True
+        self._audit_next = 0
         self._txn_arrivals: list[tuple[int, float]] = []  # (commit lsn, monotonic) for ack lag
+        self._stalls = StallWatch()
+        self._reload_lock = asyncio.Lock()
+        self._reloads: set[asyncio.Task[Any]] = set()
+        self.last_commit_at: dict[str, float] = {}  # shape -> wall time of its last commit
 
     # -- shapes (see tidemark.shapeset) ---------------------------------------------
 
@@ -128,6 +173,7 @@ class Service:
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(name)
+        self.last_commit_at.pop(name, None)
         self._frontiers_dirty = True
 
     @contextlib.asynccontextmanager
@@ -147,6 +193,7 @@ class Service:
         if self.client is not None:
             self.client.note_durable(lsn)
             self._maybe_idle()
+        self.shapeset.promote()
         now = time.monotonic()
         arrivals = self._txn_arrivals
         done = 0
@@ -177,6 +224,10 @@ class Service:
                     await self._consume_batch(item)
                 elif type(item) is KeepaliveMark:
                     self._last_keepalive_end = item.wal_end
+                    if not self.collector.in_txn:
+                        # every transaction before it was processed; what writers still
+                        # hold of them bounds the acknowledgement on its own
+                        self._idle_processed = item.wal_end
                     self._maybe_idle()
                 elif type(item) is StreamStarted:
                     self._decoder = PgOutputDecoder(item.proto_version)
@@ -206,7 +257,6 @@ class Service:
                 count = 0
                 scheduler.poke()
                 await scheduler.wait_for_room()
-        metrics.received_bytes.inc(sum(map(len, batch.payloads)))
         new_txns = collector.stats.transactions - before_txns
         if new_txns and collector.last_commit_lsn is not None:
             metrics.transactions.inc(new_txns)
@@ -228,18 +278,26 @@ class Service:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, self._reload_on_signal)
         try:
             if self.spark is None:
                 from tidemark.spark import build_session
 
                 spark_cfg = settings.spark
                 self.spark = await asyncio.to_thread(
-                    build_session, spark_cfg.master, spark_cfg.conf, spark_cfg.app_name
+                    build_session,
+                    spark_cfg.master,
+                    spark_cfg.conf,
+                    spark_cfg.app_name,
+                    spark_cfg.remote,
                 )
+            src = settings.source
+            # the claims hold only on the stream they were made on: check it first
+            self.guard.decide_at_start(await observe_stream(src.dsn, src.slot))
             self.scheduler = FlushScheduler(self.spark, self.policy, on_commit=self._on_commit)
             self.shapeset.scheduler, self.shapeset.spark = self.scheduler, self.spark
             tables = await self.shapeset.start()
-            src = settings.source
             self.client = ReplicationClient(
                 SourceConfig(
                     dsn=src.dsn,
@@ -249,14 +307,16 @@ class Service:
                     create_publication=src.create_publication,
                     create_slot=src.create_slot,
                     reconnect_max_s=src.reconnect_max_s,
-                )
+                ),
+                guard=self.guard,
             )
             self.monitor = ReplicationMonitor(
                 src.dsn,
                 src.slot,
                 walsender_pid=lambda: self.client.stats.walsender_pid if self.client else None,
                 sent_history=lambda: self.client.stats.history if self.client else [],
-                durable_frontier=self._durable_frontier,
+                durable_frontier=self.acknowledgeable,
+                explain_frontier=self._explain_acknowledgeable,
                 period_s=settings.monitor.period_s,
                 on_violation=self._on_violation,
             )
@@ -299,6 +359,7 @@ class Service:
         for task in tasks:
             if task.get_name() in ("consumer", "backfill"):
                 task.cancel()
+        await self.shapeset.stop()
         try:
             async with asyncio.timeout(self.settings.shutdown_grace_s):
                 assert self.scheduler is not None and self.client is not None
@@ -314,25 +375,145 @@ class Service:
         fb = self.client.feedback if self.client else None
         log.info("service.stopped", flushed_lsn=format_lsn(fb.flush_lsn) if fb else None)
 
+    # -- configuration reload (SIGHUP; the decision is tidemark.reload's) -------------------
+
+    def _reload_on_signal(self) -> None:
+        task = asyncio.create_task(self.reload(), name="reload")
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
+
+    async def reload(self) -> ReloadPlan | None:
+        """Read the config file again: apply shape and flush changes through the same
+        operations as the API, log the keys that need a restart. A file that does not
+        load is logged and ignored (the service keeps its settings). One at a time."""
+        async with self._reload_lock:
+            if self.phase != "streaming" or self.scheduler is None:
+                log.warning("config.reload_ignored", phase=self.phase, reason="not streaming")
+                return None
+            try:
+                new = await asyncio.to_thread(load_settings, self.config_path)
+                registered = {r.name: r for r in self.registry.shapes()}
+                plan = plan_reload(self.settings, new, registered, self.policy)
+            except TidemarkError as exc:
+                log.error("config.reload_failed", error=str(exc), path=self.config_path)
+                return None
+            failed: list[str] = []
+            for name in plan.remove:
+                await self._reload_step(failed, name, self.remove_shape(name))
+            for definition in plan.replace:  # a new definition: rebuilt from a snapshot
+                await self._reload_step(failed, definition.name, self.remove_shape(definition.name))
+            for definition in (*plan.replace, *plan.add):
+                await self._reload_step(
+                    failed, definition.name, self.add_shape(definition, origin="config")
+                )
+            if plan.adopt:
+                configured = [r.definition for r in self.registry.shapes() if r.origin == "config"]
+                self.registry.reconcile([*configured, *plan.adopt])
+            if plan.flush is not None:
+                self.policy = self.scheduler.policy = plan.flush
+                self.scheduler.poke()
+            assert plan.settings is not None
+            self.settings = plan.settings
+            if plan.needs_restart:
+                log.warning("config.reload_needs_restart", keys=list(plan.needs_restart))
+            log.info(
+                "config.reloaded",
+                added=[d.name for d in plan.add],
+                removed=list(plan.remove),
+                replaced=[d.name for d in plan.replace],
+                adopted=[d.name for d in plan.adopt],
+                changed=list(plan.changed),
+                failed=failed,
+            )
+            return plan
+
+    async def _reload_step(self, failed: list[str], name: str, step: Awaitable[Any]) -> None:
+        try:
+            await step
+        except (TidemarkError, psycopg.Error) as exc:  # one shape must not stop the others
+            failed.append(name)
+            log.error("config.reload_shape_failed", shape=name, error=str(exc))
+
     # -- progress, frontiers, readiness ------------------------------------------------------
 
-    def _durable_frontier(self) -> int | None:
-        client = self.client
-        return None if client is None or client.feedback is None else client.feedback.flush_lsn
+    def _held_lsns(self) -> list[int]:
+        """The oldest uncommitted transaction of each writer whose shape is routed (a
+        shape that stopped being routed lost its claim: what it still buffers is
+        superseded by its coming backfill, and nothing waits for it)."""
+        writers = self.scheduler.writers.values() if self.scheduler else ()
+        routes = self.collector.routes
+        return [lsn for w in writers if (lsn := w.oldest_held_lsn) is not None and routes(w.shape)]
 
-    def frontier(self, shape: str) -> int | None:
-        """LSN up to which ``shape`` is complete (commit LSN <= frontier are in its
-        table); None while it is not ready (backfilling, or not following the stream)."""
+    def acknowledgeable(self) -> int | None:
+        """The highest LSN the writers' own state allows Postgres to have confirmed:
+        below the oldest transaction any writer still holds uncommitted, and not past
+        what the consumer processed (where it started, the last commit it handled, a
+        keepalive it reached with nothing held). Independent of the FlushTracker and
+        of what was sent, so the monitor can catch an acknowledgement bug."""
         client = self.client
-        status = self.shapes.get(shape)
-        if client is None or client.feedback is None or status is None:
+        if client is None or client.start_lsn is None:
             return None
-        if status.state != "active":
+        processed = max(
+            client.start_lsn, self.collector.last_commit_lsn or 0, self._idle_processed or 0
+        )
+        held = self._held_lsns()
+        return min(processed, min(held) - 1) if held else processed
+
+    def _explain_acknowledgeable(self) -> str:
+        client = self.client
+        writers = self.scheduler.writers.values() if self.scheduler else ()
+        held = sorted(
+            (lsn, w.shape)
+            for w in writers
+            if (lsn := w.oldest_held_lsn) is not None and self.collector.routes(w.shape)
+        )[:3]
+        return (
+            f"started at {format_lsn(client.start_lsn) if client and client.start_lsn else '-'}, "
+            f"last commit processed {format_lsn(self.collector.last_commit_lsn or 0)}, "
+            f"idle keepalive {format_lsn(self._idle_processed or 0)}, oldest held: "
+            + (", ".join(f"{s} at {format_lsn(lsn)}" for lsn, s in held) or "none")
+        )
+
+    def _raw_frontier(self, shape: str) -> int | None:
+        """How far ``shape``'s table is complete, whatever its state."""
+        client = self.client
+        if client is None or client.feedback is None:
             return None
         flushed = self.tracker.last_flushed_of(shape)
         if flushed is not None:
             return max(0, flushed.tx_offset - 1)
         return client.feedback.flush_lsn
+
+    def shape_state(self, name: str) -> tuple[str, str | None]:
+        """The state and error a user sees: the shape's own, or ``error`` while its
+        flushes fail (retried)."""
+        status = self.shapes[name]
+        writer = self.scheduler.writers.get(name) if self.scheduler else None
+        if writer is not None and writer.failure is not None and status.state != "error":
+            failure = writer.failure
+            wait = max(0.0, failure.retry_at - time.monotonic())
+            return "error", (
+                f"flush failed (attempt {failure.attempts}, retrying in {wait:.0f}s): "
+                f"{failure.error}"
+            )
+        return status.state, status.error
+
+    def frontier(self, shape: str) -> int | None:
+        """LSN up to which ``shape`` is complete (commit LSN <= frontier are in its
+        table); None while it is not ready (backfilling, catching up to its snapshot,
+        or not following the stream). Once ready it is never below its snapshot."""
+        status = self.shapes.get(shape)
+        if status is None or status.state != "active":
+            return None
+        return self._raw_frontier(shape)
+
+    def lag_seconds(self, frontier: int) -> float:
+        """How long the oldest transaction received past ``frontier`` has waited (0 when
+        none has): a shape's lag in seconds, given its frontier."""
+        for commit_lsn, arrived in self._txn_arrivals:
+            if commit_lsn > frontier:
+                return max(0.0, time.monotonic() - arrived)
+        return 0.0
 
     def progress(self) -> Progress:
         fb = self.client.feedback if self.client else None
@@ -356,18 +537,57 @@ class Service:
             last = self.violations[-1]
             reasons.append(f"invariant violated: {last.kind}: {last.message}")
         grace = self.settings.monitor.stall_grace_s
-        for stalled in self.tracker.stalled_shapes(time.monotonic(), grace):
+        for stalled in self.stalled_shapes():
             reasons.append(f"shape {stalled.name} has held the flush boundary for over {grace}s")
-        for name, status in self.shapes.items():
-            if status.state in ("error", "resync_needed"):
-                reasons.append(f"shape {name} is {status.state}: {status.error}")
+        for name in self.shapes:
+            state, error = self.shape_state(name)
+            if state == "error":
+                reasons.append(f"shape {name} is in error: {error}")
         return not reasons, reasons
+
+    def stalled_shapes(self) -> list[Stall]:
+        """Shapes owing a flush without progress for ``monitor.stall_grace_s`` (a busy
+        shape that keeps committing is not stalled; see tidemark.stalls)."""
+        now = time.monotonic()
+        pending = self.tracker.stalled_shapes(now, 0.0)
+        return self._stalls.observe(pending, now, self.settings.monitor.stall_grace_s)
 
     def _on_violation(self, violation: Violation) -> None:
         self.violations.append(violation)
         self.metrics.invariant_violations.labels(violation.kind).inc()
 
+    async def _audit_tables(self) -> None:
+        """Check a few tables' own record against the writers': a table whose Delta
+        transaction version is below what its writer believes committed would let the
+        acknowledgement pass rows the lake does not hold (a lost or foreign commit)."""
+        assert self.scheduler is not None
+        writers = list(self.scheduler.writers.values())
+        if not writers:
+            return
+        start = self._audit_next % len(writers)
+        batch = (writers[start:] + writers[:start])[:AUDIT_TABLES_PER_ROUND]
+        self._audit_next = start + len(batch)
+        for writer in batch:
+            believed = writer.committed_lsn
+            if believed is None or writer.in_flight:
+                continue
+            try:
+                held = await asyncio.to_thread(writer.table.committed_lsn)
+            except Exception as exc:  # an unreadable table is logged, not fatal
+                log.warning("audit.failed", shape=writer.shape, error=str(exc))
+                continue
+            if held is None or held < believed:
+                self._on_violation(
+                    Violation(
+                        "committed_not_in_table",
+                        f"shape {writer.shape}: its writer committed up to "
+                        f"{format_lsn(believed)} but its table's transaction version is "
+                        f"{format_lsn(held) if held is not None else 'none'}",
+                    )
+                )
+
     def _on_commit(self, result: CommitResult) -> None:
+        self.last_commit_at[result.shape] = time.time()
         self.metrics.commits.labels(result.shape).inc()
         self.metrics.commit_duration.observe(result.write_seconds + result.commit_seconds)
         for kind, count in result.kinds.items():
@@ -382,24 +602,31 @@ class Service:
             writer = writers.get(name)
             committed = writer.committed_lsn if writer else None
             frontier = progress.frontiers.get(name)
-            shapes[name] = ShapeFrontier(frontier or 0, committed, frontier is not None)
+            status = self.shapes[name]
+            shapes[name] = ShapeFrontier(
+                frontier or 0, committed, frontier is not None, status.snapshot_lsn
+            )
         store_frontiers(self.settings.sink.root, Frontiers(progress.flushed_lsn, shapes))
         self._frontiers_dirty = False
 
     async def _housekeeping(self) -> None:
         watchdog = systemd.watchdog_interval()
         last_frontiers = 0.0
-        last_maintenance = time.monotonic()
+        last_maintenance = last_audit = time.monotonic()
         tick = 0.5 if watchdog is None else min(0.5, watchdog)
         while True:
             now = time.monotonic()
             if self._frontiers_dirty and now - last_frontiers >= 1.0 and self.client:
                 await asyncio.to_thread(self._write_frontiers)
                 last_frontiers = now
+            self.shapeset.promote()
             refresh_metrics(self)
             if self.phase == "streaming":
                 acked = format_lsn(self.progress().flushed_lsn)
                 systemd.notify(f"WATCHDOG=1\nSTATUS=acknowledged {acked}")
+            if now - last_audit >= AUDIT_EVERY_S and self.phase == "streaming":
+                last_audit = now
+                await self._audit_tables()
             if now - last_maintenance >= self.settings.sink.maintenance_every_s:
                 last_maintenance = now
                 await self._maintain()
@@ -408,7 +635,9 @@ class Service:
                 return
 
     async def _maintain(self) -> None:
-        """Compact and vacuum each table between its flushes (never during one)."""
+        """Compact and vacuum each table between its flushes (never during one). A
+        failure is logged and counted, and the next round tries again: upkeep never
+        stops the stream."""
         assert self.scheduler is not None
         for name, writer in list(self.scheduler.writers.items()):
             if writer.backfill:
@@ -419,5 +648,11 @@ class Service:
                     await asyncio.to_thread(
                         writer.table.vacuum, self.settings.sink.vacuum_retention_hours
                     )
-                except TidemarkError as exc:
-                    log.warning("maintenance.failed", shape=name, error=str(exc))
+                except Exception as exc:  # upkeep must never stop the stream
+                    self.metrics.maintenance_failures.labels(name).inc()
+                    log.warning(
+                        "maintenance.failed",
+                        shape=name,
+                        error=f"{type(exc).__name__}: {exc}",
+                        exc_info=exc,
+                    )

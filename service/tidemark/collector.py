@@ -9,7 +9,9 @@ fragments of at most ``fragment_changes`` changes):
   (re)bound to the new column layout (``ShapeIndex.update_relation``): added
   columns flow on (the writer's schema evolves), dropped ones become NULL, and a
   shape that cannot follow (a type change of a column it uses) is reported for
-  resync and stops receiving rows.
+  resync: it stops being routed at once (as if removed: its part of an open
+  transaction is dropped and the FlushTracker releases it), and the shape set
+  decides what follows (its claim ends; a backfill rebuilds it).
 * ``Begin``: a transaction at or below the last one fully seen is a replay after
   a reconnect and is skipped whole.
 * ``Insert``/``Update``/``Delete``/``Truncate``: routed to shapes and converted
@@ -23,6 +25,10 @@ fragments of at most ``fragment_changes`` changes):
   open skips that one (it committed before the snapshot was taken).
 * ``Commit``: the FlushTracker learns the transaction and the shapes it touched,
   *then* each touched writer ends its part (the order ``TxnAlignment`` requires).
+  The xids of the last ``RECENT_COMMITS`` commits are remembered: a snapshot that
+  does not see one of them was taken while that commit was streamed but not yet
+  visible (a synchronous-standby wait), and must be taken again
+  (``passed_invisible``).
 * ``Origin``, ``Type``, ``Message``: recorded, never fatal.
 
 Streamed in-progress transactions (protocol ``streaming``) are not consumed here:
@@ -33,6 +39,7 @@ Pure: no IO, no clock, no logging; the service reacts to what it returns.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +57,7 @@ from tidemark.shapes.routing import ShapeIndex
 from tidemark.writers.writer import ShapeWriter
 
 TableKey = tuple[str, str]  # (schema, table) as Postgres names them
+RECENT_COMMITS = 1 << 17
 
 
 @dataclass(slots=True)
@@ -100,6 +108,7 @@ class ShapeLogCollector:
         self._txn: _Txn | None = None
         self._skipping = False
         self.last_commit_lsn: int | None = None
+        self._recent_xids: deque[int] = deque(maxlen=RECENT_COMMITS)
 
     # -- shapes ----------------------------------------------------------------
 
@@ -133,8 +142,12 @@ class ShapeLogCollector:
                 return
         # the stream has not described this table yet: bound on its Relation message
 
+    def routes(self, name: str) -> bool:
+        return name in self._shapes
+
     def remove_shape(self, name: str) -> None:
-        """Stop routing to ``name`` and release its hold on the flush boundary."""
+        """Stop routing to ``name`` and release its hold on the flush boundary: its part
+        of an open transaction is dropped, and the tracker forgets what it owes."""
         self._shapes.pop(name, None)
         self._fences.pop(name, None)
         writer = self._writers.pop(name, None)
@@ -162,9 +175,7 @@ class ShapeLogCollector:
 
     def _resync(self, resync: ShapeResync) -> None:
         self.stats.resyncs.append(resync)
-        name = resync.shape
-        for index in self._indexes.values():
-            index.remove(name)
+        self.remove_shape(resync.shape)
         if self._on_resync is not None:
             self._on_resync(resync)
 
@@ -328,4 +339,11 @@ class ShapeLogCollector:
         for writer in txn.touched.values():
             writer.end_txn(last)
         self.last_commit_lsn = txn.lsn
+        self._recent_xids.append(txn.xid)
         self.stats.transactions += 1
+
+    def passed_invisible(self, visible: Callable[[int], bool]) -> list[int]:
+        """Xids of recent commits the collector already handled that ``visible`` (a
+        snapshot's visibility) does not see: the snapshot misses them, and so would a
+        shape fenced by it."""
+        return [xid for xid in self._recent_xids if not visible(xid)]

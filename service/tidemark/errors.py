@@ -19,6 +19,11 @@ class ShapeError(TidemarkError):
     """A shape definition is invalid (predicate, table, columns, identity, types)."""
 
 
+class ShapeConflict(ShapeError):
+    """A shape operation that the shape's current state rules out (removed meanwhile,
+    never activated): nothing was changed; the message says what to do instead."""
+
+
 class ProtocolError(TidemarkError):
     """Bytes from the walsender do not follow the replication / pgoutput protocol."""
 
@@ -31,9 +36,67 @@ class SlotLostError(ReplicationError):
     """The replication slot was dropped or invalidated: fatal, never retried."""
 
 
+class StreamGapError(ReplicationError):
+    """The stream the shapes' claims were made on was broken (slot dropped, recreated
+    or advanced by someone else, another source): resuming would leave a silent gap."""
+
+
 class SinkError(TidemarkError):
     """A lake table cannot be written or read as the commit protocol requires."""
 
 
 class InvariantViolation(TidemarkError):
     """Something we promised Postgres or readers did not hold (e.g. ack beyond durable)."""
+
+
+class UnfitValue(SinkError):
+    """A value its lake column cannot hold exactly: refused, never rounded or nulled.
+
+    Raised while a batch is built; ``within`` adds the column and the shape as the
+    callers that know them re-raise it, so the message names all four: shape,
+    column, value and lake type.
+    """
+
+    def __init__(
+        self,
+        value: bytes | str,
+        lake_type: str,
+        reason: str,
+        remedy: str = "",
+        *,
+        column: str | None = None,
+        shape: str | None = None,
+    ) -> None:
+        self.value = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        self.lake_type = lake_type
+        self.reason = reason
+        self.remedy = remedy
+        self.column = column
+        self.shape = shape
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        shown = self.value if len(self.value) <= 80 else self.value[:80] + "..."
+        where = []
+        if self.shape is not None:
+            where.append(f"shape {self.shape!r}")
+        if self.column is not None:
+            where.append(f"column {self.column}")
+        prefix = ", ".join(where) + ": " if where else ""
+        column = self.column or "<column>"
+        remedy = self.remedy.replace("{column}", column) or (
+            f"Change the shape's columns to list '{column}::text' (keeps Postgres's text "
+            "output) or a type that holds it; the shape is then rebuilt from a snapshot"
+        )
+        return f"{prefix}value {shown!r} does not fit {self.lake_type}: {self.reason}. {remedy}"
+
+    def within(self, *, column: str | None = None, shape: str | None = None) -> UnfitValue:
+        """The same refusal, naming the column and/or the shape as well."""
+        return UnfitValue(
+            self.value,
+            self.lake_type,
+            self.reason,
+            self.remedy,
+            column=self.column if column is None else column,
+            shape=self.shape if shape is None else shape,
+        )

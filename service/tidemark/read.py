@@ -16,6 +16,10 @@ The fold ("current state as of LSN L") of a shape's changelog:
 ``snapshot(shapes, as_of)`` folds several shapes at one LSN and refuses an LSN
 beyond any requested shape's frontier (``_tidemark/frontiers.json``), so a
 multi-shape read is consistent.
+
+A table rebuilt from a snapshot (a backfill, a resync) no longer holds its history
+before that snapshot: reading it as of an earlier LSN is refused (``current`` and
+``snapshot``), rather than answered with part of the rows.
 """
 
 from __future__ import annotations
@@ -115,9 +119,25 @@ def fold(
 
 def current(spark: Any, root: str | Path, shape: str, as_of: int | None = None) -> Any:
     """The shape's rows as of ``as_of`` (default: everything committed)."""
+    if as_of is not None:
+        _check_after_snapshot(root, shape, as_of)
     table = ShapeTable(root, shape)
     frame = changelog(spark, root, shape)
     return fold(frame, table.primary_key(), as_of)
+
+
+def _check_after_snapshot(root: str | Path, shape: str, as_of: int) -> None:
+    frontiers = load_frontiers(root)
+    entry = None if frontiers is None else frontiers.shapes.get(shape)
+    if entry is None or entry.snapshot_lsn is None:
+        return
+    oldest = entry.snapshot_lsn - 1  # the snapshot rows' _lsn
+    if as_of < oldest:
+        raise SinkError(
+            f"cannot read shape '{shape}' as of {format_lsn(as_of)}: its table was rebuilt "
+            f"from a snapshot at {format_lsn(entry.snapshot_lsn)} (a backfill or resync), "
+            f"which replaced the history before it. Read as of {format_lsn(oldest)} or later"
+        )
 
 
 def frontier_of(root: str | Path, shape: str) -> int | None:

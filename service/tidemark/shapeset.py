@@ -1,15 +1,33 @@
-"""The live set of shapes: activation, backfill, resync, schema changes, removal.
+"""The live set of shapes: activation, claims, backfills, resyncs, removal.
 
-Each shape has a table and a writer from its activation on. A shape with a
-recorded backfill follows the stream at once, behind its snapshot's fence; a new
-shape (or one whose backfill was interrupted, or that is resynced) is queued for a
-backfill, and backfills run one at a time once the stream runs (the slot must
-exist before a snapshot can be merged with it). Until its backfill commits, a
-shape is ``backfilling``: not ready, no frontier.
+Each shape has a table and a writer from its activation on. A shape follows the
+stream only behind a **claim** (``tidemark.continuity``): the fence of its last
+committed backfill, on the stream tidemark follows now. Without one (new, removed
+and declared again, its claim ended), it is backfilled first.
 
-A shape the stream can no longer describe exactly (``ShapeResync``: a type change,
-a column added with a default, ...) is resynced automatically, at most once per
-``AUTO_RESYNC_EVERY_S``; otherwise it waits in ``resync_needed`` for an operator.
+States (``ShapeStatus.state``):
+
+``backfilling``
+    a backfill is queued or running (``backfill.phase``, ``backfill.reason``).
+``catching_up``
+    the table holds a snapshot, and the stream has not yet been acknowledged past
+    it: no frontier yet (a frontier below the snapshot would drop its rows).
+``active``
+    ready: the claim holds and the frontier covers the snapshot.
+``error``
+    the shape cannot be followed now: its backfill failed (retried with capped
+    backoff: the error says when), or its definition no longer validates.
+
+What ends a claim, and how (one rule, ``_request_backfill``): a resync asked for
+(API, CLI) or needed (a schema change the stream cannot describe exactly, a column
+added with a default), a removal, a failed backfill. Routing stops at once (the
+shape's part of an open transaction is dropped; the FlushTracker releases it), the
+claim is invalidated in the store (durable before any acknowledgement goes out:
+``ContinuityStore.before_send``), and the backfill is queued. Every request bumps
+the shape's generation: a backfill that finishes for an older generation (another
+request came meanwhile) neither records a claim nor activates the shape; a running
+one is cancelled. Backfills run one at a time, once the stream runs (the slot must
+exist before a snapshot can be merged with it).
 """
 
 from __future__ import annotations
@@ -25,17 +43,17 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 
-from tidemark.backfill.runner import BackfillProgress, run_backfill
-from tidemark.backfill.state import BackfillState
+from tidemark.backfill.runner import BackfillProgress, BackfillSuperseded, run_backfill
 from tidemark.collector import ShapeLogCollector
-from tidemark.errors import ShapeError
+from tidemark.continuity.store import ContinuityStore
+from tidemark.errors import ShapeConflict, ShapeError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.replication.slot import add_tables_to_publication
 from tidemark.shapes.catalog import check_shape, read_table, validate_shape
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
 from tidemark.shapes.registry import ShapeRegistry
 from tidemark.sink.frontiers import state_dir
-from tidemark.sink.schema import ColumnSpec, table_schema
+from tidemark.sink.schema import column_specs, table_schema
 from tidemark.sink.table import ShapeTable
 from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter
@@ -45,28 +63,30 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("tidemark.shapes")
 
-AUTO_RESYNC_EVERY_S = 600.0
-
-
-def column_specs(shape: BoundShape) -> list[ColumnSpec]:
-    return [ColumnSpec(c.name, c.type_oid, c.type_modifier) for c in shape.output_columns]
+RETRY_FIRST_S = 2.0
+RETRY_MAX_S = 300.0
 
 
 @dataclass
 class ShapeStatus:
     definition: ShapeDefinition
     origin: str
-    state: str = "active"  # backfilling | active | error | resync_needed
+    state: str = "backfilling"  # backfilling | catching_up | active | error
     error: str | None = None
     as_text: tuple[tuple[str, str], ...] = ()
     bound: BoundShape | None = None
     domains: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     backfill: BackfillProgress | None = None
-    last_auto_resync: float = float("-inf")
+    snapshot_lsn: int | None = None  # of the claim the shape follows the stream behind
     # each backfill request bumps ``wanted``; a finished backfill records the request it
-    # started for, so a resync asked for during a backfill is not lost
+    # ran for, so a request made during a backfill is not lost
     backfills_wanted: int = 0
     backfills_done: int = 0
+    backfill_attempts: int = 0  # failures in a row of the current request
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
 
 
 class ShapeSet:
@@ -77,11 +97,13 @@ class ShapeSet:
         *,
         paused: Callable[[], AbstractAsyncContextManager[None]],
         on_change: Callable[[], None],
+        store: ContinuityStore | None = None,
+        frontier: Callable[[str], int | None] = lambda _: None,
     ) -> None:
         self.settings = settings
         root = settings.sink.root
         self.registry = ShapeRegistry.open(state_dir(root) / "shapes.json")
-        self.backfills = BackfillState(root)
+        self.store = store or ContinuityStore(root)
         self.tracker = tracker
         self.collector = ShapeLogCollector(
             tracker, on_resync=self._on_resync, on_columns_changed=self._on_columns_changed
@@ -90,9 +112,14 @@ class ShapeSet:
         self.statuses: dict[str, ShapeStatus] = {}
         self.scheduler: FlushScheduler | None = None
         self.spark: Any = None
+        self.backfill_failures = 0
         self._paused = paused
         self._on_change = on_change
+        self._frontier = frontier
         self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._retries: dict[str, asyncio.TimerHandle] = {}
+        self._catching_up: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- activation ----------------------------------------------------------------
@@ -101,7 +128,8 @@ class ShapeSet:
         return await psycopg.AsyncConnection.connect(self.settings.source.dsn, autocommit=True)
 
     async def start(self) -> list[tuple[str, str]]:
-        """Reconcile declared shapes, activate every registered one; their tables."""
+        """Reconcile declared shapes, end the claims that no longer hold, activate every
+        registered shape; returns their tables."""
         declared = [ShapeDefinition(**s.model_dump()) for s in self.settings.shapes]
         result = self.registry.reconcile(declared)
         if result.added or result.removed or result.changed:
@@ -111,8 +139,18 @@ class ShapeSet:
                 removed=result.removed,
                 changed=result.changed,
             )
-        for name in result.changed:  # a new definition: rebuild from a snapshot
-            self.backfills.forget(name)
+        store = self.store
+        for name in result.removed:
+            store.invalidate(name, "removed from the configuration")
+        for name in result.changed:
+            store.invalidate(name, "its definition changed in the configuration")
+        for name in store.claimed():
+            claim = store.claim(name)
+            if name not in self.registry:
+                store.invalidate(name, "the shape is no longer registered")
+            elif claim is not None and claim.epoch not in (None, store.epoch):
+                store.invalidate(name, f"the claim was made on stream epoch {claim.epoch}")
+        await asyncio.to_thread(store.write_claims)
         conn = await self._source()
         tables: list[tuple[str, str]] = []
         try:
@@ -139,11 +177,12 @@ class ShapeSet:
         conn: psycopg.AsyncConnection[tuple[Any, ...]],
     ) -> ShapeStatus:
         """Validate against the catalog, create the table and writer, then follow the
-        stream (backfilled before) or queue the backfill."""
+        stream behind the shape's claim, or queue its backfill."""
         catalog = await read_table(conn, definition)
         checked = check_shape(definition, catalog)
         bound = checked.shape
-        table = ShapeTable(self.settings.sink.root, definition.name)
+        name = definition.name
+        table = ShapeTable(self.settings.sink.root, name, epoch=self.store.epoch)
         specs = column_specs(bound)
         await asyncio.to_thread(
             table.create,
@@ -157,26 +196,52 @@ class ShapeSet:
         status = ShapeStatus(
             definition, origin, as_text=checked.as_text, bound=bound, domains=catalog.domain_bases
         )
-        self.statuses[definition.name] = status
-        record = self.backfills.get(definition.name)
-        if record is not None:
-            self.collector.add_shape(bound, writer, catalog.domain_bases, record.fence)
-            log.info(
-                "shape.active",
-                shape=definition.name,
-                table=definition.table,
-                committed_lsn=writer.committed_lsn,
-            )
+        self.statuses[name] = status
+        claim = self.store.claim(name)
+        if claim is not None:
+            self.collector.add_shape(bound, writer, catalog.domain_bases, claim.fence)
+            status.snapshot_lsn = claim.snapshot_lsn
+            self._catch_up(status)
+            log.info("shape.resumed", shape=name, committed_lsn=writer.committed_lsn)
         else:
-            self._queue_backfill(status)
+            reason = "new shape"
+            last = self.store.last_invalidation(name)
+            if last is not None:
+                reason = f"its claim ended: {last.reason}"
+            self._queue_backfill(status, reason)
         return status
 
-    def _queue_backfill(self, status: ShapeStatus) -> None:
+    def _queue_backfill(self, status: ShapeStatus, reason: str) -> None:
         status.state, status.error = "backfilling", None
-        status.backfill = BackfillProgress(time.time())
+        status.backfill = BackfillProgress(time.time(), reason=reason)
         status.backfills_wanted += 1
-        self._queue.put_nowait(status.definition.name)
-        log.info("shape.backfill_queued", shape=status.definition.name)
+        status.backfill_attempts = 0
+        self._catching_up.discard(status.name)
+        self._queue.put_nowait(status.name)
+        log.info("shape.backfill_queued", shape=status.name, reason=reason)
+
+    def _catch_up(self, status: ShapeStatus) -> None:
+        status.state, status.error = "catching_up", None
+        if status.backfill is not None:
+            status.backfill.phase = "catching_up"
+        self._catching_up.add(status.name)
+        self.promote()
+
+    def promote(self) -> None:
+        """Activate the shapes whose frontier now covers their snapshot."""
+        for name in list(self._catching_up):
+            status = self.statuses.get(name)
+            if status is None or status.state != "catching_up":
+                self._catching_up.discard(name)
+                continue
+            frontier = self._frontier(name)
+            if frontier is None or status.snapshot_lsn is None:
+                continue
+            if frontier >= status.snapshot_lsn - 1:
+                self._catching_up.discard(name)
+                status.state = "active"
+                self._on_change()
+                log.info("shape.active", shape=name)
 
     # -- changes at runtime ----------------------------------------------------------------
 
@@ -190,6 +255,7 @@ class ShapeSet:
                     conn,
                     self.settings.source.publication,
                     [(definition.schema_name, definition.table_name)],
+                    alter=self.settings.source.create_publication,
                 )
             created = self.registry.add(definition, origin=origin)  # type: ignore[arg-type]
             if not created and definition.name in self.statuses:
@@ -199,17 +265,20 @@ class ShapeSet:
             await conn.close()
 
     def remove(self, name: str) -> None:
-        """Stop a shape (its table stays on disk) and release the flush boundary."""
+        """Stop a shape (its table stays on disk), end its claim, release the flush
+        boundary; a backfill running for it is cancelled."""
         registered = self.registry.get(name)
         if name not in self.statuses and registered is None:
             raise ShapeError(f"there is no shape {name!r}; see GET /v1/shapes")
         if registered is not None:
             self.registry.remove(name, origin=registered.origin)
+        self._cancel_work(name)
         self.collector.remove_shape(name)
         if self.scheduler is not None:
             self.scheduler.remove(name)
         self.statuses.pop(name, None)
-        self.backfills.forget(name)
+        self._catching_up.discard(name)
+        self.store.invalidate(name, "removed")
         log.info("shape.removed", shape=name)
 
     async def resync(self, name: str) -> ShapeStatus:
@@ -217,12 +286,30 @@ class ShapeSet:
         status = self.statuses.get(name)
         if status is None:
             raise ShapeError(f"there is no shape {name!r}; see GET /v1/shapes")
-        if status.state == "backfilling" and status.backfills_done < status.backfills_wanted - 1:
-            return status  # one is already waiting behind the running one
-        await self._rebind(status)
-        self.backfills.forget(name)  # a crash mid-resync backfills again at start
-        self._queue_backfill(status)
+        if status.bound is None:
+            raise ShapeConflict(
+                f"shape {name!r} never started ({status.error}): remove it and add it again "
+                "(DELETE, then POST /v1/shapes)"
+            )
+        self._request_backfill(status, "resync requested")
         return status
+
+    def _request_backfill(self, status: ShapeStatus, reason: str) -> None:
+        """End the shape's claim now and rebuild it (see the module docstring)."""
+        name = status.name
+        self.collector.remove_shape(name)
+        self.store.invalidate(name, reason)
+        self._cancel_work(name)
+        self._queue_backfill(status, reason)
+
+    def _cancel_work(self, name: str) -> None:
+        retry = self._retries.pop(name, None)
+        if retry is not None:
+            retry.cancel()
+        running = self._running.pop(name, None)
+        if running is not None:
+            running.cancel()
+            log.info("backfill.cancelled", shape=name)
 
     async def _rebind(self, status: ShapeStatus) -> None:
         """Bind the shape to its table as the catalog has it now."""
@@ -232,13 +319,22 @@ class ShapeSet:
         finally:
             await conn.close()
         checked = check_shape(status.definition, catalog)
+        name = status.definition.name
+        writer = self.scheduler.writers.get(name) if self.scheduler is not None else None
+        if self.statuses.get(name) is not status or writer is None:
+            removed = self.statuses.get(name) is not status
+            raise ShapeConflict(
+                f"shape {name!r} was removed meanwhile: nothing to rebuild"
+                if removed
+                else f"shape {name!r} never started ({status.error}): remove it and add it "
+                "again (DELETE, then POST /v1/shapes)"
+            )
         status.bound, status.domains, status.as_text = (
             checked.shape,
             catalog.domain_bases,
             checked.as_text,
         )
-        assert self.scheduler is not None
-        self.scheduler.writers[status.definition.name].set_columns(column_specs(checked.shape))
+        writer.set_columns(column_specs(checked.shape))
 
     # -- backfills ------------------------------------------------------------------------------
 
@@ -248,23 +344,39 @@ class ShapeSet:
         while True:
             name = await self._queue.get()
             status = self.statuses.get(name)
-            if status is None or status.bound is None:
-                continue
-            if status.backfills_done >= status.backfills_wanted:
-                continue  # an earlier run already served this request
-            await self._backfill(name, status)
+            if status is None or status.backfills_done >= status.backfills_wanted:
+                continue  # removed, or an earlier run already served this request
+            if name in self._running or name in self._retries:
+                continue  # runs now, or waits for its retry
+            task = asyncio.create_task(
+                self._backfill(name, status, status.backfills_wanted), name=f"backfill-{name}"
+            )
+            self._running[name] = task
+            try:
+                await asyncio.wait({task})
+            finally:
+                if self._running.get(name) is task:
+                    del self._running[name]
+                if not task.done():
+                    task.cancel()
 
-    async def _backfill(self, name: str, status: ShapeStatus) -> None:
-        assert self.scheduler is not None and status.bound is not None
+    async def _backfill(self, name: str, status: ShapeStatus, generation: int) -> None:
+        assert self.scheduler is not None
         writer = self.scheduler.writers[name]
         writer.backfill = True
-        generation = status.backfills_wanted
-        status.state, status.backfill = "backfilling", BackfillProgress(time.time())
+        progress = status.backfill or BackfillProgress(time.time())
+        progress.started_at, progress.phase = time.time(), "snapshot"
+        status.backfill = progress
         try:
+            async with self.scheduler.exclusive(writer):
+                writer.discard_buffered()
             # bind to the table as it is now: DDL may have run since activation
             await self._rebind(status)
-            bound, domains = status.bound, status.domains
+            bound = status.bound
             assert bound is not None
+            replace = await asyncio.to_thread(
+                writer.table.needs_replacement, writer.schema, list(bound.primary_key)
+            )
             fence, rows = await run_backfill(
                 dsn=self.settings.source.dsn,
                 shape=bound,
@@ -272,26 +384,72 @@ class ShapeSet:
                 spark=self.spark,
                 scheduler=self.scheduler,
                 paused=self._paused,
-                unregister=lambda: self.collector.remove_shape(name),
-                register=lambda fence: self.collector.add_shape(bound, writer, domains, fence),
-                progress=status.backfill or BackfillProgress(time.time()),
+                passed_invisible=self.collector.passed_invisible,
+                register=lambda fence: self._register(status, generation, fence),
+                progress=progress,
+                replace_schema=replace,
             )
+        except BackfillSuperseded:
+            log.info("backfill.superseded", shape=name)
+            return
         except Exception as exc:  # one shape's failure must not stop the others
-            status.state, status.error = "error", f"backfill failed: {exc!r}"
-            log.error("backfill.failed", shape=name, error=repr(exc), exc_info=exc)
+            self._backfill_failed(status, generation, exc)
             return
         finally:
             writer.backfill = False
-        if self.statuses.get(name) is not status:
-            return  # removed meanwhile
-        status.backfills_done = generation
-        if generation < status.backfills_wanted:
-            log.info("backfill.superseded", shape=name)  # another one is queued
+        if self.statuses.get(name) is not status or generation != status.backfills_wanted:
+            log.info("backfill.superseded", shape=name)  # another request came meanwhile
             return
-        await asyncio.to_thread(self.backfills.done, name, fence, rows)
-        status.state, status.error = "active", None
+        self.store.record_claim(name, fence, rows)
+        await asyncio.to_thread(self.store.write_claims)
+        status.backfills_done, status.backfill_attempts = generation, 0
+        status.snapshot_lsn = fence.lsn
+        self._catch_up(status)
         self._on_change()
-        log.info("shape.active", shape=name, backfilled_rows=rows)
+
+    def _register(self, status: ShapeStatus, generation: int, fence: Any) -> bool:
+        """Route the shape behind its new snapshot's fence, unless superseded."""
+        name = status.name
+        writer = self.scheduler.writers.get(name) if self.scheduler else None
+        if self.statuses.get(name) is not status or generation != status.backfills_wanted:
+            return False
+        if writer is None or status.bound is None:
+            return False
+        self.collector.add_shape(status.bound, writer, status.domains, fence)
+        return True
+
+    def _backfill_failed(self, status: ShapeStatus, generation: int, exc: BaseException) -> None:
+        name = status.name
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # parallel readers
+            exc = exc.exceptions[0]
+        self.collector.remove_shape(name)  # routed behind a fence no commit will follow
+        self.backfill_failures += 1
+        if self.statuses.get(name) is not status or generation != status.backfills_wanted:
+            return
+        status.backfill_attempts += 1
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (status.backfill_attempts - 1))
+        cause = f"{type(exc).__name__}: {exc}".strip()
+        status.state = "error"
+        status.error = (
+            f"backfill failed (attempt {status.backfill_attempts}, retrying in {delay:.0f}s): "
+            f"{cause}"
+        )
+        log.error(
+            "backfill.failed",
+            shape=name,
+            error=cause,
+            attempts=status.backfill_attempts,
+            retry_in_s=delay,
+            exc_info=exc if status.backfill_attempts == 1 else None,
+        )
+
+        def retry() -> None:
+            self._retries.pop(name, None)
+            if self.statuses.get(name) is status and status.state == "error":
+                status.state = "backfilling"
+                self._queue.put_nowait(name)
+
+        self._retries[name] = asyncio.get_running_loop().call_later(delay, retry)
 
     # -- what the stream reports ------------------------------------------------------------
 
@@ -301,18 +459,11 @@ class ShapeSet:
         task.add_done_callback(self._tasks.discard)
 
     def _on_resync(self, resync: ShapeResync) -> None:
+        """The collector stopped routing a shape the stream cannot describe exactly."""
+        log.warning("shape.resync_needed", shape=resync.shape, reason=resync.reason)
         status = self.statuses.get(resync.shape)
-        log.error("shape.resync_needed", shape=resync.shape, reason=resync.reason)
-        if status is None:
-            return
-        status.state, status.error = "resync_needed", resync.reason
-        if time.monotonic() - status.last_auto_resync > AUTO_RESYNC_EVERY_S:
-            status.last_auto_resync = time.monotonic()
-            self._spawn(self._auto_resync(resync.shape))
-
-    async def _auto_resync(self, name: str) -> None:
-        with contextlib.suppress(ShapeError, psycopg.Error):
-            await self.resync(name)
+        if status is not None:
+            self._request_backfill(status, resync.reason)
 
     def _on_columns_changed(self, shape: BoundShape) -> None:
         assert self.scheduler is not None
@@ -350,8 +501,9 @@ class ShapeSet:
             finally:
                 await conn.close()
         except psycopg.Error as exc:
+            # cannot tell whether existing rows changed: rebuild to be exact
             log.warning("shape.column_check_failed", shape=shape.name, error=str(exc))
-            return
+            with_default = added
         if with_default:
             self.collector.mark_resync(
                 ShapeResync(
@@ -360,3 +512,12 @@ class ShapeSet:
                     "default: existing rows got a value no change carried",
                 )
             )
+
+    async def stop(self) -> None:
+        """Cancel backfills and retries (shutdown)."""
+        for name in list(self._running) + list(self._retries):
+            self._cancel_work(name)
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*self._tasks, return_exceptions=True)

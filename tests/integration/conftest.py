@@ -8,11 +8,15 @@ Postgres, in order of preference:
    take ``pg_server`` (directly or through ``pg_db``) run once per server.
 
 ``TIDEMARK_TEST_PG=wheel|system`` restricts the embedded servers to one flavor.
-Spark: one session for the whole run (``local[2]``, UI off).
+Spark: one session for the whole run (``local[2]``, UI off). Tests of Spark as a
+separate engine take ``spark_cluster`` (a standalone master and worker) or
+``connect_server`` (a Spark Connect server), each started once, on first use, from
+pyspark's installation (``tidemark.embedded_spark``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -25,6 +29,7 @@ import psycopg
 import pytest
 
 from tidemark.embedded import EmbeddedPostgres, system_bin_dir
+from tidemark.embedded_spark import ConnectServer, StandaloneCluster
 
 
 @dataclass
@@ -63,6 +68,11 @@ class PgDatabase:
             cur = conn.execute(sql, params)  # type: ignore[arg-type]
             return cur.fetchall() if cur.description else []
 
+    async def aexecute(self, sql: str, params: object = None) -> list[tuple[object, ...]]:
+        """``execute`` off the event loop: DDL may wait for a backfill's table lock, and
+        the backfill runs on the loop an in-process service shares with the test."""
+        return await asyncio.to_thread(self.execute, sql, params)
+
 
 def _docker_engine_answers() -> bool:
     try:
@@ -88,6 +98,16 @@ def _server_params() -> list[str]:
 def _server_version(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
         return conn.info.server_version // 10000
+
+
+def one_server() -> pytest.MarkDecorator:
+    """Run a test on the first available server only: for scenarios whose behaviour is
+    tidemark's own (its lifecycle, its sink), not the server version's."""
+    return pytest.mark.parametrize("pg_server", _server_params()[:1], indirect=True)
+
+
+# the Spark engine tests: Postgres is not what they test
+ONE_SERVER = one_server()
 
 
 @pytest.fixture(scope="session", params=_server_params())
@@ -147,3 +167,17 @@ def spark():  # type: ignore[no-untyped-def]
     session = build_session("local[2]", app_name="tidemark-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[StandaloneCluster]:
+    """A standalone master and one worker (2 cores, 1 GiB for executors) on loopback."""
+    with StandaloneCluster(cores=2, memory="1g") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def connect_server() -> Iterator[ConnectServer]:
+    """A Spark Connect server (local[2] behind it, 1 GiB driver) on loopback."""
+    with ConnectServer(master="local[2]", driver_memory="1g") as server:
+        yield server

@@ -32,8 +32,10 @@ def settings_for(dsn: str, root: str, shapes: list[dict[str, Any]], **extra: Any
 
 
 @contextlib.asynccontextmanager
-async def running_service(settings: Settings, spark: Any) -> AsyncIterator[Service]:
-    service = Service(settings, spark=spark)
+async def running_service(
+    settings: Settings, spark: Any, config_path: str | None = None
+) -> AsyncIterator[Service]:
+    service = Service(settings, spark=spark, config_path=config_path)
     task = asyncio.create_task(service.run())
     try:
         async with asyncio.timeout(60):

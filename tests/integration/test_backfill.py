@@ -9,6 +9,7 @@ import random
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -79,14 +80,23 @@ def keys_unique(root: Path, shape: str) -> bool:
 
 
 HIGH = "select * from items where score >= 50"
+HIGH_SHAPE = {"name": "high", "table": "public.items", "where": "score >= 50"}
+
+
+async def rebuilt(service: Any, name: str, times: int, timeout: float = 120.0) -> None:
+    """Until ``name`` has finished its ``times``-th backfill and is active again."""
+    status = service.shapes[name]
+    async with asyncio.timeout(timeout):
+        while status.backfills_done < times or status.state != "active":
+            await asyncio.sleep(0.05)
 
 
 def split_by_seam(root: Path, shape: str) -> tuple[list[dict], list[dict]]:  # type: ignore[type-arg]
     """(snapshot rows, stream rows) of a backfilled shape, asserting that no stream
     row belongs to a transaction the shape's snapshot already holds (no doubling)."""
-    from tidemark.backfill.state import BackfillState
+    from tidemark.continuity.store import ContinuityStore
 
-    record = BackfillState(root).get(shape)
+    record = ContinuityStore(root).claim(shape)
     assert record is not None, f"{shape} has no recorded backfill"
     table = DeltaTable(str(table_path(root, shape)))
     rows = table.to_pyarrow_table(columns=["_kind", "_lsn", "_xid"]).to_pylist()
@@ -107,11 +117,7 @@ async def test_backfill_under_concurrent_writes_equals_postgres(
     monkeypatch.setattr(reader, "PAGES_PER_CHUNK", 100)
     writer = Writer(pg_db.dsn, 60_001)
     writer.start()  # writes keep coming before, during and after the snapshot
-    settings = settings_for(
-        pg_db.dsn,
-        str(tmp_path),
-        [{"name": "high", "table": "public.items", "where": "score >= 50"}],
-    )
+    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
     try:
         async with running_service(settings, spark) as service:
             # while backfilling, the shape is not ready and has no frontier
@@ -147,11 +153,7 @@ async def test_resync_while_writing_replaces_the_table_and_equals_postgres(
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     make_items(pg_db, 5_000)
-    settings = settings_for(
-        pg_db.dsn,
-        str(tmp_path),
-        [{"name": "high", "table": "public.items", "where": "score >= 50"}],
-    )
+    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
     writer = Writer(pg_db.dsn, 5_001)
     try:
         async with running_service(settings, spark) as service:
@@ -161,10 +163,7 @@ async def test_resync_while_writing_replaces_the_table_and_equals_postgres(
             before = set(service.scheduler.writers["high"].table.active_files())  # type: ignore[union-attr]
             # when the shape is rebuilt while writes continue
             await service.resync_shape("high")
-            status = service.shapes["high"]
-            async with asyncio.timeout(120):
-                while status.backfills_done < 2 or status.state != "active":
-                    await asyncio.sleep(0.05)
+            await rebuilt(service, "high", times=2)
             await asyncio.sleep(1.0)
             writer.stop.set()
             writer.join(timeout=30)
@@ -239,7 +238,7 @@ def test_a_backfill_killed_midway_restarts_cleanly(
     make_items(pg_db, 300_000)
     port = free_port()
     root = tmp_path / "lake"
-    shapes = [{"name": "high", "table": "public.items", "where": "score >= 50"}]
+    shapes = [HIGH_SHAPE]
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "service"),
@@ -291,11 +290,7 @@ async def test_a_snapshot_taken_while_the_stream_lags_skips_what_it_holds(
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     make_items(pg_db, 2_000)
-    settings = settings_for(
-        pg_db.dsn,
-        str(tmp_path),
-        [{"name": "high", "table": "public.items", "where": "score >= 50"}],
-    )
+    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
     writer = Writer(pg_db.dsn, 2_001)
     try:
         async with running_service(settings, spark) as service:
@@ -310,10 +305,7 @@ async def test_a_snapshot_taken_while_the_stream_lags_skips_what_it_holds(
             finally:
                 service._consume_lock.release()
             # when the snapshot is taken with committed transactions still unprocessed
-            status = service.shapes["high"]
-            async with asyncio.timeout(120):
-                while status.backfills_done < 2 or status.state != "active":
-                    await asyncio.sleep(0.05)
+            await rebuilt(service, "high", times=2)
             await asyncio.sleep(0.5)
             writer.stop.set()
             writer.join(timeout=30)
@@ -335,7 +327,7 @@ async def test_a_declared_shape_whose_definition_changed_is_rebuilt_at_start(
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     make_items(pg_db, 3_000)
-    first = [{"name": "high", "table": "public.items", "where": "score >= 50"}]
+    first = [HIGH_SHAPE]
     async with running_service(settings_for(pg_db.dsn, str(tmp_path), first), spark) as service:
         await wait_frontiers(service, current_lsn(pg_db.dsn))
     pg_db.execute("update items set score = 95 where id <= 10")

@@ -53,10 +53,14 @@ def run(db: PgDatabase, sql: str, params: object = None) -> None:
     db.execute(sql, params)
 
 
+async def arun(db: PgDatabase, sql: str, params: object = None) -> None:
+    await db.aexecute(sql, params)
+
+
 async def mixed_workload(db: PgDatabase) -> None:
     big = "lorem ipsum " * 4000  # ~48 kB: stored out of line (TOAST)
     # inserts, some with TOASTed documents, arrays and NULLs
-    run(
+    await arun(
         db,
         "insert into accounts select g, 'owner ' || g, (g * 37) %% 2500,"
         " (array['gold','silver','bronze'])[g %% 3 + 1],"
@@ -65,7 +69,7 @@ async def mixed_workload(db: PgDatabase) -> None:
         " from generate_series(1, 300) g",
         (big,),
     )
-    run(
+    await arun(
         db,
         "insert into events select g, g % 300 + 1,"
         " (array['signup','click','purchase'])[g % 3 + 1],"
@@ -73,39 +77,39 @@ async def mixed_workload(db: PgDatabase) -> None:
     )
     await asyncio.sleep(0.3)
     # updates moving rows in and out of predicates; TOASTed doc left unchanged
-    run(db, "update accounts set balance = balance + 1500 where id % 7 = 0")
-    run(db, "update accounts set balance = 5 where id % 11 = 0")
-    run(db, "update accounts set tier = 'gold' where id between 40 and 60")
-    run(db, "update accounts set tier = 'silver', owner = owner || '!' where id % 13 = 0")
-    run(db, "update accounts set doc = 'rewritten' where id = 10")
+    await arun(db, "update accounts set balance = balance + 1500 where id % 7 = 0")
+    await arun(db, "update accounts set balance = 5 where id % 11 = 0")
+    await arun(db, "update accounts set tier = 'gold' where id between 40 and 60")
+    await arun(db, "update accounts set tier = 'silver', owner = owner || '!' where id % 13 = 0")
+    await arun(db, "update accounts set doc = 'rewritten' where id = 10")
     # a primary-key change
-    run(db, "update accounts set id = 1000 where id = 20")
+    await arun(db, "update accounts set id = 1000 where id = 20")
     # deletes
-    run(db, "delete from accounts where id % 17 = 0")
-    run(db, "delete from events where id % 10 = 0")
+    await arun(db, "delete from accounts where id % 17 = 0")
+    await arun(db, "delete from events where id % 10 = 0")
     # a transaction that touches no shape (notes with low priority; unpublished table)
-    run(db, "insert into notes select g, g % 50, 'note ' || g from generate_series(1, 40) g")
-    run(db, "insert into unpublished (junk) select 'x' from generate_series(1, 100)")
+    await arun(db, "insert into notes select g, g % 50, 'note ' || g from generate_series(1, 40) g")
+    await arun(db, "insert into unpublished (junk) select 'x' from generate_series(1, 100)")
     # a truncate, then new rows
-    run(db, "truncate events")
-    run(
+    await arun(db, "truncate events")
+    await arun(
         db,
         "insert into events select g, 1, (array['signup','click'])[g % 2 + 1],"
         " '{\"after\": true}' from generate_series(1000, 1100) g",
     )
     # an added column (no default: existing rows are NULL in Postgres too) flows into
     # shapes without a column list
-    run(db, "alter table accounts add column region text")
-    run(db, "update accounts set region = 'us', balance = balance + 1 where id % 3 = 0")
-    run(
+    await arun(db, "alter table accounts add column region text")
+    await arun(db, "update accounts set region = 'us', balance = balance + 1 where id % 3 = 0")
+    await arun(
         db,
         "insert into accounts (id, owner, balance, tier, region)"
         " values (5000, 'late', 4000, 'gold', 'apac')",
     )
-    run(db, "update notes set priority = 500 where id = 7")
+    await arun(db, "update notes set priority = 500 where id = 7")
     # an idle stretch (keepalives only), then one more change
     await asyncio.sleep(3)
-    run(db, "update accounts set balance = 1234.5 where id = 1")
+    await arun(db, "update accounts set balance = 1234.5 where id = 1")
 
 
 async def test_mixed_workload_every_shape_equals_postgres(
@@ -113,7 +117,7 @@ async def test_mixed_workload_every_shape_equals_postgres(
     spark,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    run(pg_db, SCHEMA)
+    await arun(pg_db, SCHEMA)
     settings = settings_for(pg_db.dsn, str(tmp_path), SHAPES)
     async with running_service(settings, spark) as service:
         await mixed_workload(pg_db)
@@ -143,14 +147,14 @@ async def test_added_column_with_a_default_is_resynced_to_equal_postgres(
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     # given a shape without a column list on a table with rows flowing
-    run(pg_db, "create table t (id int primary key, v text)")
+    await arun(pg_db, "create table t (id int primary key, v text)")
     settings = settings_for(pg_db.dsn, str(tmp_path), [{"name": "t_all", "table": "public.t"}])
     async with running_service(settings, spark) as service:
-        run(pg_db, "insert into t select g, 'v' from generate_series(1, 10) g")
+        await arun(pg_db, "insert into t select g, 'v' from generate_series(1, 10) g")
         await wait_frontiers(service, current_lsn(pg_db.dsn))
         # when a column is added with a default (existing rows get it, no change says so)
-        run(pg_db, "alter table t add column flag text default 'yes'")
-        run(pg_db, "insert into t values (11, 'w')")
+        await arun(pg_db, "alter table t add column flag text default 'yes'")
+        await arun(pg_db, "insert into t values (11, 'w')")
         async with asyncio.timeout(60):
             while not service.collector.stats.resyncs:
                 await asyncio.sleep(0.05)
@@ -167,15 +171,15 @@ async def test_a_table_whose_names_hold_dots_and_quotes_is_published_and_followe
     spark,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    run(
+    await arun(
         pg_db,
         'create schema "My.Schema";'
         ' create table "My.Schema"."Or""ders" (id int primary key, v text)',
     )
-    run(pg_db, """insert into "My.Schema"."Or""ders" values (1, 'before')""")
+    await arun(pg_db, """insert into "My.Schema"."Or""ders" values (1, 'before')""")
     shape = {"name": "odd", "table": '"My.Schema"."Or""ders"'}
     async with running_service(settings_for(pg_db.dsn, str(tmp_path), [shape]), spark) as service:
-        run(pg_db, """insert into "My.Schema"."Or""ders" values (2, 'after')""")
+        await arun(pg_db, """insert into "My.Schema"."Or""ders" values (2, 'after')""")
         await wait_frontiers(service, current_lsn(pg_db.dsn))
     rows = pg_db.execute(
         "select schemaname, tablename from pg_publication_tables where pubname = 'tm_e2e'"

@@ -66,34 +66,38 @@ async def test_relation_from_the_catalog_is_the_one_pgoutput_sends(
     pg_db: PgDatabase, conn: Conn
 ) -> None:
     # given a table with a primary key, a dropped column, a generated column, a domain,
-    # an enum and a varchar(20), with REPLICA IDENTITY FULL (the predicate needs it)
+    # an enum, an inet and a varchar(20), with REPLICA IDENTITY FULL (the predicate
+    # needs it)
     pg_db.execute(
         "create domain positive as integer check (value > 0);"
         "create type mood as enum ('sad', 'happy');"
         "create table orders (id bigint primary key, gone int, region varchar(20) not null,"
-        " qty positive, feeling mood, total numeric(10, 2),"
+        " qty positive, feeling mood, total numeric(10, 2), host inet,"
         " doubled numeric generated always as (total * 2) stored);"
         "alter table orders drop column gone; alter table orders replica identity full"
     )
     # when the shape is validated against the catalog
     checked = await validate_shape(
-        conn, shape("orders", where="qty > 3 AND region = 'eu'", columns=["region", "feeling"])
+        conn,
+        shape("orders", where="qty > 3 AND region = 'eu'", columns=["region", "feeling", "host"]),
     )
     # then the relation equals what the stream will announce (minus the oid it carries)
     sent = relation_from_slot(
         pg_db, "orders", "insert into orders (id, region, qty) values (1, 'eu', 5)"
     )
     assert checked.relation == sent
-    assert [c.name for c in sent.columns] == ["id", "region", "qty", "feeling", "total"]
-    # and the shape reads the domain as its base type, keeps the key, and says which
-    # output columns reach the lake as text
-    assert [c.name for c in checked.shape.output_columns] == ["id", "region", "feeling"]
+    assert [c.name for c in sent.columns] == ["id", "region", "qty", "feeling", "total", "host"]
+    # and the shape reads the domain as its base type, keeps the key, knows the enum
+    # from the catalog, and says which output columns reach the lake as text
+    assert [c.name for c in checked.shape.output_columns] == ["id", "region", "feeling", "host"]
     assert checked.shape.primary_key == ("id",)
-    assert checked.as_text == (("feeling", "mood"),)
+    mood = next(c.type_oid for c in sent.columns if c.name == "feeling")
+    assert checked.shape.types[mood].kind == "e"
+    assert checked.as_text == (("host", "inet"),)
     assert checked.shape.predicate is not None
-    row = (b"1", b"eu", b"5", None, None)
+    row = (b"1", b"eu", b"5", None, None, None)
     assert checked.shape.predicate.matches(row)
-    assert not checked.shape.predicate.matches((b"1", b"eu", b"2", None, None))
+    assert not checked.shape.predicate.matches((b"1", b"eu", b"2", None, None, None))
 
 
 async def test_quoted_mixed_case_schema_table_and_columns(pg_db: PgDatabase, conn: Conn) -> None:

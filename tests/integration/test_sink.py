@@ -17,7 +17,6 @@ from tidemark.errors import SinkError
 from tidemark.pgoutput.messages import UNCHANGED_TOAST
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, load_frontiers, store_frontiers
 from tidemark.sink.schema import ColumnSpec
-from tidemark.sink.table import ShapeTable
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
 from .sink_support import ITEM_COLUMNS, make_feeder, open_writer, rows_of
@@ -219,7 +218,6 @@ def test_frontiers_round_trip_and_snapshot_refuses_beyond_them(spark, tmp_path: 
     loaded = load_frontiers(tmp_path)
     assert loaded is not None and loaded.shapes["b"].frontier_lsn == 200
     assert loaded.updated_at > 0
-    ShapeTable(tmp_path, "a")  # no table needed to be refused
     with pytest.raises(SinkError, match=r"b \(frontier 0/C8\)"):
         read.snapshot(spark, tmp_path, ["a", "b"], as_of=300)
 

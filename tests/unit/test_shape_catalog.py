@@ -227,3 +227,29 @@ def test_relation_keeps_oid_and_names() -> None:
     relation = table(schema="Sales", name="Order Items").relation()
     assert isinstance(relation, Relation)
     assert (relation.oid, relation.namespace, relation.name) == (5000, "Sales", "Order Items")
+
+
+# --------------------------------------------------------------------------------------
+# tables logical replication cannot publish
+
+
+@pytest.mark.parametrize(
+    ("persistence", "expected"),
+    [("u", "is unlogged"), ("t", "is a temporary table")],
+)
+def test_unlogged_and_temporary_tables_are_refused_with_what_to_do(
+    persistence: str, expected: str
+) -> None:
+    message = refused(shape(), table(persistence=persistence))
+    assert expected in message and "logical replication" in message
+
+
+def test_an_unlogged_table_is_told_how_to_become_logged() -> None:
+    assert "ALTER TABLE public.orders SET LOGGED" in refused(shape(), table(persistence="u"))
+
+
+@pytest.mark.parametrize("schema", ["pg_catalog", "information_schema", "pg_toast"])
+def test_system_catalogs_are_refused_as_such(schema: str) -> None:
+    definition = ShapeDefinition(name="s1", table=f"{schema}.orders")
+    message = refused(definition, table(schema=schema))
+    assert "system catalog" in message and "REPLICA IDENTITY" not in message

@@ -69,10 +69,10 @@ def test_staged_rows_travel_with_their_transaction_into_the_batch() -> None:
     buf.begin_txn(300, 3, 0)
     buf.append(0, "insert", (b"1", b"a", b"x"), None, 10)
     taken = buf.take_open_rows()
-    assert taken is not None and taken[0] == 300 and len(taken[1]) == 1
+    assert taken is not None and taken[0].lsn == 300 and len(taken[1]) == 1
     assert buf.open_bytes == 0
     staged = DataFile("data/x/part-0.parquet", 100, 1, 0, "{}")
-    buf.attach_staged(300, [staged])
+    assert buf.attach_staged(taken[0], [staged]) == []
     buf.append(1, "insert", (b"2", b"b", b"y"), None, 10)
     assert buf.end_txn(0.0) == 2
     batch = buf.take_batch()
@@ -84,9 +84,10 @@ def test_files_staged_for_an_aborted_transaction_are_not_committed() -> None:
     buf = ShapeBuffer("s")
     buf.begin_txn(300, 3, 0)
     buf.append(0, "insert", (b"1", b"a", b"x"), None, 10)
-    lsn, _ = buf.take_open_rows()  # type: ignore[misc]
+    delivery, _ = buf.take_open_rows()  # type: ignore[misc]
     buf.abort_txn()
-    buf.attach_staged(lsn, [DataFile("data/x/p.parquet", 1, 1, 0, "{}")])
+    orphan = DataFile("data/x/p.parquet", 1, 1, 0, "{}")
+    assert buf.attach_staged(delivery, [orphan]) == [orphan]  # for the caller to delete
     assert buf.take_batch() is None
 
 
@@ -122,3 +123,42 @@ def test_arrow_batch_refuses_rows_wider_than_the_shape() -> None:
     assert batch is not None
     with pytest.raises(ValueError, match="4 values, the shape has 3"):
         build_table(table_schema(SPECS), SPECS, batch.rows)
+
+
+def test_files_staged_for_an_aborted_delivery_are_not_committed_with_its_redelivery() -> None:
+    # given a huge transaction whose open rows went to a staging job
+    buf = ShapeBuffer("s")
+    buf.begin_txn(100, 7, 0)
+    buf.append(0, "insert", (b"1", b"a", b"x"), None, 10)
+    buf.append(2, "insert", (b"2", b"b", b"y"), None, 10)
+    taken = buf.take_open_rows()
+    assert taken is not None
+    delivery = taken[0]
+    # when the stream restarts before the job ends, and Postgres re-sends the transaction
+    buf.abort_txn()
+    buf.begin_txn(100, 7, 0)
+    for op, key in ((0, b"1"), (2, b"2"), (4, b"3")):
+        buf.append(op, "insert", (key, b"a", b"x"), None, 10)
+    buf.end_txn(now=1.0)
+    staged = DataFile("data/x/part-0.parquet", 100, 2, 0, "{}")
+    buf.attach_staged(delivery, [staged])  # the first delivery's staging job finishes
+    # then only the redelivery is committed: its three rows, not the stale staged two
+    batch = buf.take_batch()
+    assert batch is not None
+    assert batch.staged == [] and batch.rows.ops == [0, 2, 4]
+    assert batch.row_count == 3
+
+
+def test_files_staged_for_the_open_delivery_travel_with_it() -> None:
+    buf = ShapeBuffer("s")
+    buf.begin_txn(100, 7, 0)
+    buf.append(0, "insert", (b"1", b"a", b"x"), None, 10)
+    taken = buf.take_open_rows()
+    assert taken is not None
+    buf.append(2, "insert", (b"2", b"b", b"y"), None, 10)
+    buf.end_txn(now=1.0)  # the transaction commits while the staging job still runs
+    staged = DataFile("data/x/part-0.parquet", 100, 1, 0, "{}")
+    buf.attach_staged(taken[0], [staged])
+    batch = buf.take_batch()
+    assert batch is not None and batch.staged == [staged] and batch.rows.ops == [2]
+    assert batch.row_count == 2

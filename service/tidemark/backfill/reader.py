@@ -1,13 +1,26 @@
 """Reading a shape's rows from one consistent snapshot, in parallel chunks.
 
-``open_snapshot`` starts a ``REPEATABLE READ READ ONLY`` transaction, takes its
-snapshot (``pg_current_snapshot()``, then ``pg_current_wal_lsn()``) and exports
-it (``pg_export_snapshot()``); it stays open until every chunk is read. Each
-chunk is read on its own connection that imports that snapshot (``SET
-TRANSACTION SNAPSHOT``), so all chunks see the same data.
+``begin_snapshot`` starts a ``REPEATABLE READ READ ONLY`` transaction and takes an
+``ACCESS SHARE`` lock on the table, as pg_dump does, before the snapshot exists
+(``LOCK`` needs none), on the exporting connection and on each reader connection;
+``take_snapshot`` then takes the snapshot (``pg_current_snapshot()``, then
+``pg_current_wal_lsn()``) and exports it (``pg_export_snapshot()``), and the
+readers import it (``SET TRANSACTION SNAPSHOT``): every chunk sees the same data.
+The transactions stay open until every chunk is read.
+
+Every connection takes its lock *before* the snapshot, with a ``lock_timeout``:
+a reader asking for its lock later would queue behind a waiting rewrite (``ACCESS
+EXCLUSIVE`` requests queue ahead of new shared ones) that itself waits for the
+exporter's lock, a deadlock Postgres cannot see (pg_dump -j meets the same). When
+a lock is not granted in time, every transaction is rolled back and the caller
+tries again: a rewrite that runs, or waits, goes first.
 
 Chunks split the table by physical location (ctid page ranges), which works for
 any table, with or without a usable key, and lets Postgres use TID range scans.
+Page ranges are only stable while nothing rewrites the table: the lock makes
+``VACUUM FULL``, ``CLUSTER``, pg_repack or a rewriting ``ALTER TABLE`` wait until
+the last chunk is read (and a rewrite already running finishes before the
+snapshot is taken). Plain ``VACUUM`` only removes rows no snapshot of ours sees.
 Each chunk is ``COPY (SELECT <columns> FROM <table> WHERE <predicate> AND <ctid
 range>) TO STDOUT (FORMAT csv)`` parsed by Arrow's CSV reader into text columns,
 which ``tidemark.pgoutput.values.to_arrow`` types exactly as it types the stream.
@@ -53,11 +66,46 @@ class Chunk:
     end_page: int | None  # None: to the end of the table (pages added since)
 
 
-async def open_snapshot(
+LOCK_TIMEOUT_S = 5.0
+
+
+async def begin_snapshot(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], shape: BoundShape
+) -> None:
+    """Begin a snapshot transaction on ``conn`` and lock the table against rewrites;
+    no snapshot is taken yet. Raises ``psycopg.errors.LockNotAvailable`` when the lock
+    is not granted within ``LOCK_TIMEOUT_S`` (the transaction is rolled back)."""
+    rel = shape.relation
+    await conn.execute("begin isolation level repeatable read read only")
+    try:
+        await conn.execute(f"set local lock_timeout = '{int(LOCK_TIMEOUT_S * 1000)}ms'")
+        await conn.execute(
+            sql.SQL("lock table {}.{} in access share mode").format(
+                sql.SQL(quote_identifier(rel.namespace)), sql.SQL(quote_identifier(rel.name))
+            )
+        )
+        await conn.execute("set local lock_timeout = 0")
+    except psycopg.errors.LockNotAvailable:
+        await conn.execute("rollback")
+        raise
+
+
+async def connect_reader(dsn: str) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, options=session_options(dsn))
+
+
+async def import_snapshot(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot_id: str
+) -> None:
+    """Make the transaction ``begin_snapshot`` opened on ``conn`` see ``snapshot_id``."""
+    await conn.execute(sql.SQL("set transaction snapshot {}").format(sql.Literal(snapshot_id)))
+
+
+async def take_snapshot(
     conn: psycopg.AsyncConnection[tuple[object, ...]], shape: BoundShape
 ) -> Snapshot:
-    """Begin the snapshot transaction on ``conn`` (kept open by the caller)."""
-    await conn.execute("begin isolation level repeatable read read only")
+    """The snapshot of the transaction ``begin_snapshot`` opened (kept open by the
+    caller until the chunks are read)."""
     row = await (
         await conn.execute(
             "select pg_current_snapshot()::text, pg_current_wal_lsn()::text, pg_export_snapshot()"
@@ -109,20 +157,16 @@ def _present(shape: BoundShape) -> set[str]:
     return {c.name for c in shape.relation.columns}
 
 
-async def read_chunk(dsn: str, snapshot_id: str, shape: BoundShape, chunk: Chunk) -> pa.Table:
-    """The chunk's rows as a table of text columns (output column names)."""
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, options=session_options(dsn))
-    try:
-        await conn.execute("begin isolation level repeatable read read only")
-        await conn.execute(sql.SQL("set transaction snapshot {}").format(sql.Literal(snapshot_id)))
-        buffer = io.BytesIO()
-        query = sql.SQL("copy ({}) to stdout (format csv)").format(snapshot_query(shape, chunk))
-        async with conn.cursor() as cur, cur.copy(query) as copy:
-            async for data in copy:
-                buffer.write(data)
-        await conn.execute("commit")
-    finally:
-        await conn.close()
+async def read_chunk(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], shape: BoundShape, chunk: Chunk
+) -> pa.Table:
+    """The chunk's rows, read on a reader connection inside its snapshot transaction,
+    as a table of text columns (output column names)."""
+    buffer = io.BytesIO()
+    query = sql.SQL("copy ({}) to stdout (format csv)").format(snapshot_query(shape, chunk))
+    async with conn.cursor() as cur, cur.copy(query) as copy:
+        async for data in copy:
+            buffer.write(data)
     return parse_csv(buffer.getvalue(), [c.name for c in shape.output_columns])
 
 

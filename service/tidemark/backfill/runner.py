@@ -1,22 +1,37 @@
 """One backfill: a consistent snapshot of a shape's rows, merged with the stream.
 
-1. The shape's writer is made quiet: if the shape was following the stream (a
-   resync), it stops being routed and what it buffered is dropped (the snapshot
+The caller has stopped routing the shape (a resync) or never started (a new shape)
+and invalidated its claim. Then:
+
+1. The shape's writer is made quiet: what it buffered is dropped (the snapshot
    will hold those transactions); a running flush job is awaited.
-2. With the consumer paused between batches, the snapshot is taken, the files the
-   table has now are noted, and the shape is routed again from the next change
-   with the snapshot's fence: transactions the snapshot holds are skipped, later
-   ones applied. Nothing is processed while paused, so no transaction falls
+2. The snapshot transaction and the readers' transactions begin and each locks the
+   table in ``ACCESS SHARE`` mode (a rewrite would move rows between the ctid
+   chunks read below; see ``reader`` for why every connection locks first, and
+   why a lock not granted in time starts this step again). With the consumer
+   paused between batches, the snapshot is taken and the readers import it, the
+   files the table has now are noted, and the shape is routed again from the next
+   change with the snapshot's fence: transactions the snapshot holds are skipped,
+   later ones applied. Nothing is processed while paused, so no transaction falls
    between the snapshot and the stream.
-3. The snapshot is read in ctid chunks, two at a time, over connections that import
-   it; Spark writes each chunk as staged Parquet (``_kind = snapshot``), with lower
-   priority than stream flushes, so acknowledgements are not delayed.
-4. One Delta commit adds the snapshot files and removes the files noted in step 2
-   (older data the snapshot supersedes); stream files committed meanwhile stay.
-   Then the fence is recorded (``BackfillState``) and the shape is ready.
+   One exception is checked here: a commit the stream already passed that the
+   snapshot does not see (its commit record is in WAL, but it is not visible yet,
+   e.g. waiting for a synchronous standby). Neither side would have it, so the
+   snapshot is dropped and taken again, until no such commit exists.
+3. The snapshot is read in ctid chunks by the readers (two connections); Spark
+   writes each chunk as staged Parquet (``_kind = snapshot``), with lower priority
+   than stream flushes, so acknowledgements are not delayed.
+4. The snapshot transaction ends (the lock is released), and one Delta commit adds
+   the snapshot files and removes the files noted in step 2 (older data the
+   snapshot supersedes); stream files committed meanwhile stay. When the shape's
+   column types or key changed, the commit replaces the table's schema and key as
+   well; then the shape's stream commits wait from the snapshot until that commit
+   (so every active file is older than the snapshot and is replaced).
 
 A crash at any point leaves either the old table state (nothing committed) or the
-new one; the next start finds no record and backfills again, replacing the same.
+new one; the caller records the claim only after the commit, so the next start
+finds no claim and backfills again, replacing the same. A backfill whose request
+was superseded (another resync, a removal) is cancelled or stops at ``register``.
 """
 
 from __future__ import annotations
@@ -33,8 +48,15 @@ import structlog
 
 from tidemark.backfill import reader
 from tidemark.backfill.fence import SnapshotFence
-from tidemark.backfill.reader import Chunk, open_snapshot, plan_chunks, read_chunk
-from tidemark.replication.client import session_options
+from tidemark.backfill.reader import (
+    Chunk,
+    Snapshot,
+    begin_snapshot,
+    connect_reader,
+    import_snapshot,
+    plan_chunks,
+    take_snapshot,
+)
 from tidemark.shapes.model import BoundShape
 from tidemark.sink.table import DataFile
 from tidemark.writers.arrow_batch import snapshot_table
@@ -45,6 +67,12 @@ from tidemark.writers.writer import ShapeWriter
 log = structlog.get_logger("tidemark.backfill")
 
 PARALLEL_READERS = 2
+RETAKE_FIRST_S = 0.1
+RETAKE_MAX_S = 2.0
+
+
+class BackfillSuperseded(Exception):
+    """A newer request for the shape (or its removal) replaced this backfill."""
 
 
 @dataclass
@@ -56,18 +84,25 @@ class BackfillProgress:
     chunks: int = 0
     snapshot_lsn: int | None = None
     finished_at: float | None = None
+    phase: str = "queued"  # queued | snapshot | reading | committing | catching_up
+    reason: str = ""  # why the shape is being backfilled
+    retakes: int = 0  # snapshots dropped because the stream had passed a commit they miss
 
     def as_json(self) -> dict[str, Any]:
         return {
+            "phase": self.phase,
+            "reason": self.reason,
             "rows_done": self.rows_done,
             "rows_estimated": max(self.rows_estimated, self.rows_done),
             "chunks_done": self.chunks_done,
             "chunks": self.chunks,
+            "snapshot_retakes": self.retakes,
             "elapsed_s": round((self.finished_at or time.time()) - self.started_at, 1),
         }
 
 
-Register = Callable[[SnapshotFence], None]
+Register = Callable[[SnapshotFence], bool]
+PassedInvisible = Callable[[Callable[[int], bool]], list[int]]
 
 
 async def run_backfill(
@@ -78,25 +113,40 @@ async def run_backfill(
     spark: Any,
     scheduler: FlushScheduler,
     paused: Callable[[], AbstractAsyncContextManager[None]],
-    unregister: Callable[[], None],
+    passed_invisible: PassedInvisible,
     register: Register,
     progress: BackfillProgress,
+    replace_schema: bool = False,
 ) -> tuple[SnapshotFence, int]:
-    """Run the backfill; returns the fence and the number of snapshot rows."""
+    """Run the backfill; returns the fence and the number of snapshot rows.
+
+    ``register(fence)`` routes the shape behind the fence, or returns False when the
+    request was superseded meanwhile (then ``BackfillSuperseded`` is raised).
+    """
     name = shape.name
-    unregister()  # a resync: stop routing; the snapshot will hold what it had
     async with scheduler.exclusive(writer):
         writer.discard_buffered()
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, options=session_options(dsn))
+    conn = await connect_reader(dsn)
+    readers: list[psycopg.AsyncConnection[tuple[object, ...]]] = []
     try:
-        async with paused():
-            snapshot = await open_snapshot(conn, shape)
-            superseded = await asyncio.to_thread(writer.table.active_files_with_sizes)
-            register(snapshot.fence)
+        readers = [await connect_reader(dsn) for _ in range(PARALLEL_READERS)]
+        progress.phase = "snapshot"
+        snapshot, superseded = await _snapshot(
+            conn,
+            readers,
+            shape,
+            writer,
+            paused,
+            passed_invisible,
+            register,
+            progress,
+            replace_schema,
+        )
         progress.snapshot_lsn = snapshot.fence.lsn
         progress.rows_estimated = snapshot.estimated_rows
         chunks = plan_chunks(snapshot.relpages, reader.PAGES_PER_CHUNK)
         progress.chunks = len(chunks)
+        progress.phase = "reading"
         log.info(
             "backfill.started",
             shape=name,
@@ -104,47 +154,35 @@ async def run_backfill(
             estimated_rows=snapshot.estimated_rows,
             chunks=len(chunks),
             superseded_files=len(superseded),
+            replace_schema=replace_schema,
         )
-        files: list[DataFile] = []
-        next_op = 0
-        lock = asyncio.Lock()
-
-        async def one(chunk: Chunk) -> None:
-            nonlocal next_op
-            text = await read_chunk(dsn, snapshot.snapshot_id, shape, chunk)
-            async with lock:  # op ranges are handed out as chunks finish
-                first_op, next_op = next_op, next_op + text.num_rows
-            if text.num_rows:
-                arrow = await asyncio.to_thread(
-                    snapshot_table,
-                    writer.schema,
-                    writer.columns,
-                    text,
-                    snapshot.fence.lsn - 1,
-                    first_op,
-                )
-                async with scheduler.backfill_slot():
-                    files.extend(
-                        await asyncio.to_thread(
-                            write_arrow, spark, writer.table, writer.schema, arrow
-                        )
-                    )
-            progress.rows_done += text.num_rows
-            progress.chunks_done += 1
-
-        for start in range(0, len(chunks), PARALLEL_READERS):
-            async with asyncio.TaskGroup() as group:
-                for chunk in chunks[start : start + PARALLEL_READERS]:
-                    group.create_task(one(chunk))
-        await conn.execute("commit")
+        files = await _read_chunks(
+            readers, shape, writer, spark, scheduler, snapshot, chunks, progress, replace_schema
+        )
+        for c in (conn, *readers):  # releases the locks: the table may be rewritten now
+            await c.execute("commit")
+        progress.phase = "committing"
         async with scheduler.exclusive(writer):
-            await asyncio.to_thread(writer.table.ensure_columns, writer.schema)
-            version = await asyncio.to_thread(
-                writer.table.backfill_commit,
-                superseded,
-                files,
-                {"tidemark.snapshotLsn": snapshot.fence.lsn},
+            if not replace_schema:
+                await asyncio.to_thread(writer.table.ensure_columns, writer.schema)
+            commit = asyncio.ensure_future(
+                asyncio.to_thread(
+                    writer.table.backfill_commit,
+                    superseded,
+                    files,
+                    {"tidemark.snapshotLsn": snapshot.fence.lsn},
+                    replace=(writer.schema, list(shape.primary_key)) if replace_schema else None,
+                )
             )
+            try:
+                version = await asyncio.shield(commit)
+            except asyncio.CancelledError:
+                # superseded while committing: the thread cannot be stopped, so let the
+                # commit land before the writer is released (a newer backfill then sees
+                # it among the files it replaces), and only then give up
+                await asyncio.wait({commit})
+                raise
+        writer.hold_commits = False  # the stream's rows may join the new schema now
         progress.finished_at = time.time()
         log.info(
             "backfill.committed",
@@ -156,4 +194,112 @@ async def run_backfill(
         )
         return snapshot.fence, progress.rows_done
     finally:
-        await conn.close()
+        # (a backfill that did not commit leaves hold_commits set: its shape is no longer
+        # routed, and the next backfill discards what it buffered)
+        for c in (conn, *readers):
+            await c.close()
+
+
+async def _snapshot(
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    readers: list[psycopg.AsyncConnection[tuple[object, ...]]],
+    shape: BoundShape,
+    writer: ShapeWriter,
+    paused: Callable[[], AbstractAsyncContextManager[None]],
+    passed_invisible: PassedInvisible,
+    register: Register,
+    progress: BackfillProgress,
+    replace_schema: bool,
+) -> tuple[Snapshot, list[tuple[str, int]]]:
+    """Take a snapshot the stream has not overtaken, with every connection holding its
+    lock, and route the shape behind it."""
+    delay = RETAKE_FIRST_S
+    while True:
+        begun: list[psycopg.AsyncConnection[tuple[object, ...]]] = []
+        try:
+            for c in (conn, *readers):  # not paused: a lock may wait for a rewrite
+                await begin_snapshot(c, shape)
+                begun.append(c)
+        except psycopg.errors.LockNotAvailable:
+            for c in begun:
+                await c.execute("rollback")
+            log.info("backfill.lock_waiting", shape=shape.name, retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(RETAKE_MAX_S, delay * 2)
+            continue
+        async with paused():
+            snapshot = await take_snapshot(conn, shape)
+            missed = passed_invisible(snapshot.fence.visible)
+            if not missed:
+                for reader_conn in readers:
+                    await import_snapshot(reader_conn, snapshot.snapshot_id)
+                superseded = await asyncio.to_thread(writer.table.active_files_with_sizes)
+                writer.hold_commits = replace_schema
+                if not register(snapshot.fence):
+                    raise BackfillSuperseded(shape.name)
+                return snapshot, superseded
+        for c in (conn, *readers):
+            await c.execute("rollback")
+        progress.retakes += 1
+        log.warning(
+            "backfill.snapshot_retaken",
+            shape=shape.name,
+            reason="the stream passed commits the snapshot does not see yet",
+            xids=missed[:10],
+            retry_in_s=delay,
+        )
+        await asyncio.sleep(delay)
+        delay = min(RETAKE_MAX_S, delay * 2)
+
+
+async def _read_chunks(
+    readers: list[psycopg.AsyncConnection[tuple[object, ...]]],
+    shape: BoundShape,
+    writer: ShapeWriter,
+    spark: Any,
+    scheduler: FlushScheduler,
+    snapshot: Snapshot,
+    chunks: list[Chunk],
+    progress: BackfillProgress,
+    replace_schema: bool,
+) -> list[DataFile]:
+    files: list[DataFile] = []
+    next_op = 0
+    schema, columns = writer.schema, list(writer.columns)
+    todo = list(reversed(chunks))
+
+    async def read_with(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+        nonlocal next_op
+        while todo:
+            chunk = todo.pop()
+            text = await reader.read_chunk(conn, shape, chunk)
+            # op ranges are handed out as chunks finish (no await in between)
+            first_op, next_op = next_op, next_op + text.num_rows
+            if text.num_rows:
+                arrow = await asyncio.to_thread(
+                    snapshot_table,
+                    schema,
+                    columns,
+                    text,
+                    snapshot.fence.lsn - 1,
+                    first_op,
+                    shape.name,
+                )
+                async with scheduler.backfill_slot():
+                    files.extend(
+                        await asyncio.to_thread(
+                            write_arrow,
+                            spark,
+                            writer.table,
+                            schema,
+                            arrow,
+                            replacing=replace_schema,
+                        )
+                    )
+            progress.rows_done += text.num_rows
+            progress.chunks_done += 1
+
+    async with asyncio.TaskGroup() as group:
+        for conn in readers:
+            group.create_task(read_with(conn))
+    return files

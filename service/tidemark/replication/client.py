@@ -18,6 +18,13 @@ jitter, resuming from the durable position; each (re)start puts a
 transaction (Postgres re-sends it). A dropped or invalidated slot, wrong
 credentials, a role without REPLICATION or ``wal_level`` below logical are fatal
 and raised, never retried.
+
+Continuity (``StreamGuard``, see ``tidemark.continuity``): on every (re)connection
+the client shows the guard what it found (``IDENTIFY_SYSTEM`` and the slot)
+*before* it creates a missing slot or streams, and the guard raises when resuming
+would skip a gap; a slot the client creates is reported to it; and every status
+update waits for ``before_send(flush)``, which makes the flush (and every claim
+invalidation) durable before Postgres hears of it.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import structlog
@@ -37,6 +44,7 @@ from psycopg import pq
 
 from tidemark.aio import wait_event, within
 from tidemark.conninfo import redact_dsn, redact_text
+from tidemark.continuity.rule import ObservedStream
 from tidemark.errors import ReplicationError, SlotLostError, TidemarkError
 from tidemark.lsn import format_lsn
 from tidemark.pgoutput.framing import pg_now_us, standby_status_update
@@ -112,6 +120,19 @@ class _ConnectionLost(Exception):
     pass
 
 
+class StreamGuard(Protocol):
+    """What the client asks of the continuity rule (``tidemark.app`` implements it)."""
+
+    def check(self, observed: ObservedStream) -> None:
+        """Raise unless streaming ``observed`` continues what the shapes claim."""
+
+    def slot_created(self, observed: ObservedStream, consistent_lsn: int) -> None:
+        """The client created the slot: a new stream starts at ``consistent_lsn``."""
+
+    async def before_send(self, flush_lsn: int) -> None:
+        """Called, and awaited, before a status update carrying ``flush_lsn``."""
+
+
 def session_options(dsn: str) -> str:
     """Our session settings appended to any ``options`` the DSN already carries."""
     from psycopg.conninfo import conninfo_to_dict
@@ -134,8 +155,10 @@ class ReplicationClient:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        guard: StreamGuard | None = None,
     ) -> None:
         slots.check_name("slot", config.slot)
+        self.guard = guard
         slots.check_name("publication", config.publication)
         self.config = config
         self.queue: asyncio.Queue[StreamItem] = queue or asyncio.Queue(config.queue_batches)
@@ -143,6 +166,7 @@ class ReplicationClient:
         self.stats = ClientStats()
         self.start_lsn: int | None = None
         self.server_major: int | None = None
+        self.system: tuple[str, int] | None = None  # (system identifier, timeline)
         self.proto_version: int | None = None
         self.streaming_started = asyncio.Event()
         self._clock = clock
@@ -289,7 +313,11 @@ class ReplicationClient:
             await conn.close()
 
     async def _slot_start_lsn(
-        self, repl: psycopg.AsyncConnection[tuple[object, ...]], dbname: str, reconnect: bool
+        self,
+        repl: psycopg.AsyncConnection[tuple[object, ...]],
+        dbname: str,
+        reconnect: bool,
+        ident: tuple[str, int],
     ) -> int:
         cfg = self.config
         conn = await psycopg.AsyncConnection.connect(cfg.dsn, autocommit=True)
@@ -297,6 +325,9 @@ class ReplicationClient:
             state = await slots.slot_state(conn, cfg.slot)
         finally:
             await conn.close()
+        observed = observed_stream(ident, cfg.slot, state)
+        if self.guard is not None:
+            self.guard.check(observed)  # before a slot is created over a gap
         if state is None:
             if reconnect or self.start_lsn is not None:
                 raise SlotLostError(
@@ -311,6 +342,8 @@ class ReplicationClient:
                 )
             lsn = await slots.create_slot(repl, cfg.slot)
             log.info("slot.created", slot=cfg.slot, consistent_lsn=format_lsn(lsn))
+            if self.guard is not None:
+                self.guard.slot_created(observed, lsn)
             return lsn
         slots.check_slot_usable(state, cfg.slot, dbname)
         assert state.confirmed_flush_lsn is not None
@@ -324,10 +357,12 @@ class ReplicationClient:
         self._conn = repl
         cur = await repl.execute("IDENTIFY_SYSTEM")
         ident = await cur.fetchone()
+        assert ident is not None
+        self.system = (str(ident[0]), int(str(ident[1])))
         cur = await repl.execute("SHOW wal_sender_timeout")
         timeout_row = await cur.fetchone()
         timeout_s = _parse_duration_s(str(timeout_row[0]) if timeout_row else "60s")
-        slot_lsn = await self._slot_start_lsn(repl, dbname, reconnect)
+        slot_lsn = await self._slot_start_lsn(repl, dbname, reconnect, self.system)
         if self.feedback is None:
             self.feedback = Feedback(slot_lsn, keepalive_interval_s=keepalive_interval(timeout_s))
         # Resume from what we know is durable; Postgres uses max(this, confirmed_flush).
@@ -491,6 +526,10 @@ class ReplicationClient:
         conn = self._conn
         if conn is None or conn.closed or self.feedback is None:
             raise _ConnectionLost("status update on a closed replication connection")
+        if self.guard is not None:
+            await self.guard.before_send(update.flush_lsn)
+            if conn.closed:
+                raise _ConnectionLost("status update on a closed replication connection")
         now = self._clock()
         wall = self._wall()
         msg = standby_status_update(
@@ -542,6 +581,42 @@ class ReplicationClient:
             await within(fut, timeout)
         finally:
             remove(fd)
+
+
+def observed_stream(
+    ident: tuple[str, int], slot: str, state: slots.SlotState | None
+) -> ObservedStream:
+    return ObservedStream(
+        system_id=ident[0],
+        timeline=ident[1],
+        slot=slot,
+        slot_exists=state is not None,
+        confirmed_flush_lsn=None if state is None else state.confirmed_flush_lsn,
+        slot_lost=state is not None and state.wal_status == "lost",
+    )
+
+
+async def observe_stream(dsn: str, slot: str) -> ObservedStream:
+    """What the source shows now: its system and timeline, and the slot (start-up)."""
+    try:
+        repl = await psycopg.AsyncConnection.connect(dsn, replication="database", autocommit=True)
+    except psycopg.OperationalError as exc:
+        classified = _classify_connect_error(exc, dsn)
+        if isinstance(classified, _ConnectionLost):
+            raise  # unreachable: the caller explains a plain connection failure
+        raise classified from exc
+    try:
+        row = await (await repl.execute("IDENTIFY_SYSTEM")).fetchone()
+        assert row is not None
+        ident = (str(row[0]), int(str(row[1])))
+    finally:
+        await repl.close()
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        state = await slots.slot_state(conn, slot)
+    finally:
+        await conn.close()
+    return observed_stream(ident, slot, state)
 
 
 def _raise_stream_error(err: psycopg.Error, slot: str) -> None:

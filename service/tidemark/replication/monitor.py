@@ -66,6 +66,7 @@ class ReplicationSample:
 
 VIOLATION_KINDS = (
     "ack_beyond_durable",
+    "committed_not_in_table",
     *(
         f"{pos}_{what}"
         for pos in ("write", "flush", "replay")
@@ -182,6 +183,7 @@ class ReplicationMonitor:
         period_s: float = 5.0,
         status_interval_s: float = 10.0,
         on_violation: Callable[[Violation], None] | None = None,
+        explain_frontier: Callable[[], str] | None = None,
     ) -> None:
         self.dsn = dsn
         self.slot = slot
@@ -191,6 +193,7 @@ class ReplicationMonitor:
         self._pid = walsender_pid
         self._sent = sent_history
         self._durable = durable_frontier
+        self._explain = explain_frontier
         self._on_violation = on_violation
         self._changed = asyncio.Condition()
         self._waiters = 0
@@ -229,6 +232,8 @@ class ReplicationMonitor:
         for violation in check_sample(
             sample, list(self._sent()), self._durable(), self.status_interval_s
         ):
+            if violation.kind == "ack_beyond_durable" and self._explain is not None:
+                violation = Violation(violation.kind, f"{violation.message} ({self._explain()})")
             state.violations += 1
             state.last_violation = violation
             state.recent_violations = [*state.recent_violations[-9:], violation]

@@ -101,7 +101,9 @@ async def ensure_publication(
 
     ``tables=None`` creates it ``FOR ALL TABLES`` (needs superuser); otherwise
     ``FOR TABLE`` the given (schema, table) pairs, and adds any of them missing
-    from an existing publication.
+    from an existing publication. With ``create=False`` tidemark neither creates nor
+    changes the publication: a missing one, or a table missing from it, raises
+    ReplicationError with the statement to run.
     """
     check_name("publication", name)
     row = await (
@@ -133,14 +135,32 @@ async def ensure_publication(
             ) from exc
         return True
     if tables and not row[0]:
-        await add_tables_to_publication(conn, name, tables)
+        await add_tables_to_publication(conn, name, tables, alter=create)
     return False
 
 
 async def add_tables_to_publication(
-    conn: psycopg.AsyncConnection[tuple[object, ...]], name: str, tables: Sequence[TableName]
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    name: str,
+    tables: Sequence[TableName],
+    *,
+    alter: bool = True,
 ) -> list[TableName]:
-    """Add the tables missing from publication ``name``; returns those added."""
+    """Add the tables missing from publication ``name``; returns those added.
+
+    ``alter=False`` (``[source] create_publication = false``: the publication belongs
+    to someone else) changes nothing: a missing table raises ReplicationError naming
+    the ``ALTER PUBLICATION`` to run as the table's owner.
+    """
+    exists = await (
+        await conn.execute("select 1 from pg_publication where pubname = %s", (name,))
+    ).fetchone()
+    if exists is None:
+        raise ReplicationError(
+            f"publication '{name}' does not exist on the source: create it (CREATE "
+            f"PUBLICATION {name} FOR TABLE ...; as the tables' owner) or let tidemark "
+            "create it ([source] create_publication = true)"
+        )
     rows = await (
         await conn.execute(
             "select schemaname, tablename from pg_publication_tables where pubname = %s",
@@ -149,6 +169,15 @@ async def add_tables_to_publication(
     ).fetchall()
     present = {(str(r[0]), str(r[1])) for r in rows}
     missing = [t for t in tables if tuple(t) not in present]
+    if missing and not alter:
+        statements = " ".join(
+            f"ALTER PUBLICATION {name} ADD TABLE {_table_text(t)};" for t in missing
+        )
+        raise ReplicationError(
+            f"table(s) {', '.join(_table_text(t) for t in missing)} are not in publication "
+            f"'{name}', and tidemark does not change it ([source] create_publication = "
+            f"false). Run as the table's owner: {statements} Then try again"
+        )
     for table in missing:
         try:
             await conn.execute(
@@ -164,6 +193,16 @@ async def add_tables_to_publication(
                 f"cannot add table {text} to publication '{name}': "
                 f"{exc.diag.message_primary}. Run ALTER PUBLICATION {name} ADD TABLE {text}; "
                 "as the table owner"
+            ) from exc
+        except (
+            psycopg.errors.InvalidParameterValue,
+            psycopg.errors.FeatureNotSupported,
+            psycopg.errors.ObjectNotInPrerequisiteState,
+        ) as exc:  # a relation Postgres cannot publish
+            detail = f" ({exc.diag.message_detail})" if exc.diag.message_detail else ""
+            raise ReplicationError(
+                f"cannot add table {_table_text(table)} to publication '{name}': "
+                f"{exc.diag.message_primary}{detail}"
             ) from exc
     return missing
 

@@ -27,26 +27,36 @@ Types. The Relation keeps the declared type oids, as pgoutput sends them. A doma
 is read as its base type (``resolve_domains``): the predicate sees integers for a
 domain over integer, and writers get the base type's column. The collector must
 resolve every Relation from the stream with the same ``domain_bases`` so that
-``rebind`` sees the same types. A predicate may read only the types listed in
-``tidemark.shapes.predicate`` (after domain resolution); enums, ranges, composite
-types, json, intervals and the like are refused there with the type's name.
-Projected columns of any other type are accepted and reach the lake as their
-Postgres text output (lossless, but a string column): ``CheckedShape.as_text`` lists
-them so the caller can say so.
+``rebind`` sees the same types. User-defined types (enums, composites, ranges,
+domains, arrays of them, and what they are made of) are described by ``read_types``
+(``CatalogTable.types``); the bound shape keeps that description, so its writers
+give enums, composites and ranges their lake types (``pgoutput.values.pgtype``).
+A predicate may read only the types listed in ``tidemark.shapes.predicate`` (after
+domain resolution); enums, ranges, composite types, json, intervals and the like are
+refused there with the type's name. Projected columns of a type without a mapping
+are accepted and reach the lake as their Postgres text output (lossless, but a string
+column): ``CheckedShape.as_text`` lists them so the caller can say so. A column the
+shape declares ``::numeric(p,s)`` must be numeric (or a domain over it).
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import psycopg
 
 from tidemark.errors import ShapeError
-from tidemark.pgoutput import values
 from tidemark.pgoutput.messages import Relation, RelationColumn, ReplicaIdentity
+from tidemark.pgoutput.values.oids import NUMERIC
+from tidemark.pgoutput.values.pgtype import (
+    FIRST_CATALOG_OID,
+    CatalogType,
+    TypeCatalog,
+    describe,
+)
 from tidemark.shapes.identifiers import format_identifier
 from tidemark.shapes.model import BoundShape, ShapeDefinition, bind
 from tidemark.shapes.sqltypes import SCALARS, sql_type
@@ -115,6 +125,9 @@ class CatalogTable:
     domain_bases: Mapping[int, tuple[int, int]]  # domain oid -> (base oid, base typmod)
     encoding: str  # the database's server encoding
     database_collation: Collation
+    persistence: str = "p"  # pg_class.relpersistence: p permanent, u unlogged, t temporary
+    # user-defined types the columns use, and the types those are made of
+    types: TypeCatalog = field(default_factory=dict)
 
     @property
     def qualified_name(self) -> str:
@@ -179,6 +192,20 @@ def check_shape(definition: ShapeDefinition, table: CatalogTable) -> CheckedShap
     """Validate ``definition`` against ``table`` and bind it (ShapeError)."""
     where = table.qualified_name
     label = f"shape {definition.name!r}"
+    if table.schema in ("pg_catalog", "information_schema") or table.schema.startswith("pg_toast"):
+        raise ShapeError(
+            f"{label}: {where} is a system catalog; logical replication publishes user tables only"
+        )
+    if table.persistence == "u":
+        raise ShapeError(
+            f"{label}: table {where} is unlogged: its changes are not written to the WAL, "
+            f"so logical replication cannot follow them. Run ALTER TABLE {where} SET LOGGED"
+        )
+    if table.persistence == "t":
+        raise ShapeError(
+            f"{label}: table {where} is a temporary table; logical replication publishes "
+            "permanent tables only"
+        )
     if table.kind == "p":
         raise ShapeError(
             f"{label}: table {where} is partitioned; its changes are published per "
@@ -203,13 +230,24 @@ def check_shape(definition: ShapeDefinition, table: CatalogTable) -> CheckedShap
     for name in read:
         _check_predicate_column(label, by_name[name], table)
     relation = table.relation()
-    shape = bind(definition, resolve_domains(relation, table.domain_bases), table.primary_key)
+    shape = bind(
+        definition, resolve_domains(relation, table.domain_bases), table.primary_key, table.types
+    )
     if shape.predicate is not None and shape.predicate.case_mapping:
         _check_case_mapping(label, [by_name[n] for n in read], table)
+    casts = definition.casts
+    for c in shape.output_columns:
+        cast = casts.get(c.name)
+        if cast is not None and cast.kind == "numeric" and c.type_oid != NUMERIC:
+            raise ShapeError(
+                f"{label} declares {format_identifier(c.name)}::{cast}, but the column is "
+                f"{by_name[c.name].type_name}: '::numeric(p,s)' applies to numeric columns; "
+                "list the column without a type (or with '::text')"
+            )
     as_text = tuple(
         (c.name, by_name[c.name].type_name)
         for c in shape.output_columns
-        if not values.is_supported(c.type_oid)
+        if c.name not in casts and describe(c.type_oid, c.type_modifier, table.types).kind == "text"
     )
     return CheckedShape(shape, relation, as_text)
 
@@ -310,7 +348,8 @@ def missing_table_error(definition: ShapeDefinition, existing: Iterable[tuple[st
 # reading the catalog
 
 _TABLE: Final = """
-select c.oid, c.relkind, c.relreplident, has_table_privilege(c.oid, 'SELECT')
+select c.oid, c.relkind, c.relreplident, has_table_privilege(c.oid, 'SELECT'),
+       c.relpersistence
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where n.nspname = %s and c.relname = %s
 """
@@ -349,6 +388,40 @@ with recursive chain(oid, typtype, typbasetype, typtypmod, depth) as (
 )
 select oid, typtype, typtypmod from chain order by depth
 """
+# User-defined types of the given oids and, transitively, the types they are made of:
+# array elements, domain bases, range subtypes, a multirange's range, composite
+# attributes. Types with fixed oids (below FirstGenbkiObjectId) need no description.
+_TYPES: Final = """
+with recursive closure(oid) as (
+    select unnest(%s::oid[])
+  union
+    select made_of.oid
+    from closure c
+    join pg_type t on t.oid = c.oid
+    cross join lateral (
+        select t.typelem where t.typcategory = 'A' and t.typelem <> 0
+        union all select t.typbasetype where t.typtype = 'd'
+        union all select r.rngsubtype from pg_range r where r.rngtypid = t.oid
+        union all select r.rngtypid from pg_range r where r.rngmultitypid = t.oid
+        union all
+        select a.atttypid from pg_attribute a
+        where t.typtype = 'c' and a.attrelid = t.typrelid and a.attnum > 0
+          and not a.attisdropped
+    ) made_of(oid)
+    where c.oid >= %s
+)
+select t.oid, format_type(t.oid, null), t.typtype, t.typcategory, t.typelem, t.typbasetype,
+       t.typtypmod,
+       (select r.rngsubtype from pg_range r where r.rngtypid = t.oid),
+       (select r.rngtypid from pg_range r where r.rngmultitypid = t.oid),
+       (select coalesce(json_agg(json_build_array(a.attname, a.atttypid, a.atttypmod)
+                                 order by a.attnum), '[]'::json)
+        from pg_attribute a
+        where t.typtype = 'c' and a.attrelid = t.typrelid and a.attnum > 0
+          and not a.attisdropped)
+from pg_type t
+where t.oid in (select oid from closure) and t.oid >= %s
+"""
 _DATABASE: Final = """
 select pg_encoding_to_char(d.encoding), d.datlocprovider,
        case when d.datlocprovider = 'c' then d.datctype
@@ -370,7 +443,7 @@ async def read_table(conn: Conn, definition: ShapeDefinition) -> CatalogTable:
     if not found:
         existing = await _rows(conn, _CANDIDATES)
         raise ShapeError(missing_table_error(definition, [(s, n) for s, n in existing]))
-    oid, kind, identity, can_select = found[0]
+    oid, kind, identity, can_select, persistence = found[0]
     encoding, provider, locale = (await _rows(conn, _DATABASE))[0]
     database_collation = Collation("default", provider, locale or "", True)
     columns = []
@@ -386,6 +459,7 @@ async def read_table(conn: Conn, definition: ShapeDefinition) -> CatalogTable:
         columns.append(
             CatalogColumn(name, type_oid, typmod, type_name, type_kind, generated, collation)
         )
+    types = await read_types(conn, [c.type_oid for c in columns])
     primary_key = [
         r[0] for r in await _rows(conn, _INDEX_COLUMNS.format(flag="indisprimary"), (oid,))
     ]
@@ -406,7 +480,34 @@ async def read_table(conn: Conn, definition: ShapeDefinition) -> CatalogTable:
         domain_bases=domains,
         encoding=encoding,
         database_collation=database_collation,
+        persistence=persistence,
+        types=types,
     )
+
+
+async def read_types(conn: Conn, type_oids: Iterable[int]) -> dict[int, CatalogType]:
+    """The catalog's description of the user-defined types among ``type_oids`` and of
+    every type they are made of (``pgoutput.values.pgtype``)."""
+    wanted = sorted({t for t in type_oids if t >= FIRST_CATALOG_OID})
+    if not wanted:
+        return {}
+    types: dict[int, CatalogType] = {}
+    rows = await _rows(conn, _TYPES, (wanted, FIRST_CATALOG_OID, FIRST_CATALOG_OID))
+    for oid, name, typtype, category, element, base, typmod, subtype, range_oid, fields in rows:
+        if typtype == "d":
+            types[oid] = CatalogType(oid, name, "d", base, typmod)
+        elif typtype == "r":
+            types[oid] = CatalogType(oid, name, "r", subtype)
+        elif typtype == "m":
+            types[oid] = CatalogType(oid, name, "m", range_oid)
+        elif typtype == "c":
+            attributes = tuple((str(n), int(t), int(m)) for n, t, m in fields)
+            types[oid] = CatalogType(oid, name, "c", fields=attributes)
+        elif category == "A" and element:
+            types[oid] = CatalogType(oid, name, "a", element)
+        else:  # an enum ('e'), or a base or pseudo type without a mapping
+            types[oid] = CatalogType(oid, name, typtype)
+    return types
 
 
 async def _domain_base(conn: Conn, domain_oid: int) -> tuple[int, int]:

@@ -11,7 +11,9 @@ their case. ``table`` is stored in canonical form, schema-qualified and quoted o
 where needed (``public.orders``, ``"MySchema"."Orders"``); an unqualified table means
 ``public`` (tidemark does not consult a search_path, which belongs to a session).
 ``columns`` entries are identifiers too (``id``, ``"Name"``) and are stored in the
-same canonical form, so a stored definition re-validates to itself.
+same canonical form, so a stored definition re-validates to itself; an entry may
+declare the column's lake type (``amount::numeric(18,4)``, ``x::text``: see
+``shapes.column_casts``).
 
 ``bind(definition, relation, primary_key)`` checks a definition against the table as
 plain values (a ``Relation``: columns with type oids, replica-identity flags, and the
@@ -35,7 +37,9 @@ restricted to the primary key plus ``columns`` when a list is given.
 table): added columns join shapes without a column list, dropped columns stay in the
 output as NULL, and a change that the shape cannot follow exactly (a dropped or
 retyped column that is part of the key, the predicate or the output; a replica
-identity that no longer satisfies the rules) returns ``ShapeResync`` instead.
+identity that no longer satisfies the rules; an added column whose user-defined type
+the shape has not read from the catalog, since its lake type depends on it) returns
+``ShapeResync`` instead.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ from pydantic import (
 
 from tidemark.errors import ShapeError
 from tidemark.pgoutput.messages import Relation, RelationColumn, TupleData, Value
+from tidemark.pgoutput.values.pgtype import NO_TYPES, TypeCatalog, is_described, resolve_domain
+from tidemark.shapes.column_casts import ColumnCast, format_column, parse_column
 from tidemark.shapes.identifiers import format_identifier, parse_identifiers, quote_identifier
 from tidemark.shapes.predicate import (
     CompiledPredicate,
@@ -114,14 +120,14 @@ class ShapeDefinition(BaseModel):
                 "want (the primary key is always included)"
             )
         names: list[str] = []
+        entries: list[str] = []
         for item in value:
-            parts = parse_identifiers(item)
-            if len(parts) != 1:
-                raise ValueError(f"{item!r} must be a plain column name, without a table")
-            if parts[0] in names:
+            name, cast = parse_column(item)
+            if name in names:
                 raise ValueError(f"column {item!r} is listed twice")
-            names.append(parts[0])
-        return tuple(format_identifier(n) for n in names)
+            names.append(name)
+            entries.append(format_column(name, cast))
+        return tuple(entries)
 
     @field_validator("where")
     @classmethod
@@ -167,7 +173,17 @@ class ShapeDefinition(BaseModel):
         """The listed columns' exact catalog names (None: every column)."""
         if self.columns is None:
             return None
-        return tuple(parse_identifiers(c)[0] for c in self.columns)
+        return tuple(parse_column(c)[0] for c in self.columns)
+
+    @property
+    def casts(self) -> dict[str, ColumnCast]:
+        """Declared lake types by exact column name (``amount::numeric(18,4)``)."""
+        found: dict[str, ColumnCast] = {}
+        for item in self.columns or ():
+            name, cast = parse_column(item)
+            if cast is not None:
+                found[name] = cast
+        return found
 
     @property
     def predicate(self) -> ParsedPredicate | None:
@@ -203,6 +219,8 @@ class BoundShape:
     key_of: Callable[[TupleData], Any] = field(repr=False)
     # (position, output column name) for columns present in the relation
     projected_names: tuple[tuple[int, str], ...] = field(repr=False)
+    # the catalog's description of the user-defined types of the table's columns
+    types: TypeCatalog = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -293,6 +311,7 @@ def _build(
     output: tuple[RelationColumn, ...],
     predicate: CompiledPredicate | None,
     row_key: bool,
+    types: TypeCatalog,
 ) -> BoundShape:
     position = {c.name: i for i, c in enumerate(relation.columns)}
     projection = tuple(position.get(c.name) for c in output)
@@ -311,11 +330,20 @@ def _build(
         projected_names=tuple(
             (p, c.name) for p, c in zip(projection, output, strict=True) if p is not None
         ),
+        types=types,
     )
 
 
-def bind(definition: ShapeDefinition, relation: Relation, primary_key: Sequence[str]) -> BoundShape:
-    """Check ``definition`` against its table and compile its predicate (ShapeError)."""
+def bind(
+    definition: ShapeDefinition,
+    relation: Relation,
+    primary_key: Sequence[str],
+    types: TypeCatalog = NO_TYPES,
+) -> BoundShape:
+    """Check ``definition`` against its table and compile its predicate (ShapeError).
+
+    ``types`` describes the user-defined types of the table's columns (the catalog's):
+    the shape keeps it for its writers and for columns added later."""
     if (relation.namespace or "pg_catalog", relation.name) != (
         definition.schema_name,
         definition.table_name,
@@ -363,7 +391,7 @@ def bind(definition: ShapeDefinition, relation: Relation, primary_key: Sequence[
         key = tuple(names)
     wanted = None if listed is None else set(listed) | set(key)
     output = tuple(c for c in relation.columns if wanted is None or c.name in wanted)
-    return _build(definition, relation, key, output, predicate, row_key)
+    return _build(definition, relation, key, output, predicate, row_key, types)
 
 
 def rebind(shape: BoundShape, relation: Relation) -> BoundShape | ShapeResync:
@@ -388,7 +416,7 @@ def rebind(shape: BoundShape, relation: Relation) -> BoundShape | ShapeResync:
                 role = "primary key" if column_name in key else "predicate"
                 return resync(f"{role} column {column_name} was dropped from {_qualified(old)}")
             continue
-        if (now.type_oid, now.type_modifier) != (before.type_oid, before.type_modifier):
+        if not _same_type(now, before, shape.types):
             return resync(f"column {column_name} of {_qualified(old)} changed type")
     if shape.row_key and [c.name for c in relation.columns] != list(key):
         return resync(f"{_qualified(old)} has no primary key and its columns changed")
@@ -408,11 +436,33 @@ def rebind(shape: BoundShape, relation: Relation) -> BoundShape | ShapeResync:
     output = list(shape.output_columns)
     if shape.definition.columns is None:
         present = {c.name for c in output}
-        output.extend(c for c in relation.columns if c.name not in present)
+        added = [c for c in relation.columns if c.name not in present]
+        for column in added:
+            if not is_described(column.type_oid, shape.types):
+                # its lake type needs the catalog (an enum, composite, range, domain):
+                # typed as text now, it would change type once the catalog is read
+                return resync(
+                    f"column {column.name} was added to {_qualified(old)} with a type "
+                    f"(oid {column.type_oid}) tidemark reads from the catalog"
+                )
+        output.extend(added)
     predicate = None
     if shape.definition.predicate is not None:
         try:
             predicate = compile_predicate(shape.definition.predicate, relation.columns)
         except ShapeError as e:
             return resync(f"the predicate no longer compiles: {e}")
-    return _build(shape.definition, relation, key, tuple(output), predicate, shape.row_key)
+    return _build(
+        shape.definition, relation, key, tuple(output), predicate, shape.row_key, shape.types
+    )
+
+
+def _same_type(now: RelationColumn, before: RelationColumn, types: TypeCatalog) -> bool:
+    """The same type, or a domain the catalog resolves to it (the stream names a domain
+    column by the domain's oid until the collector knows the domain)."""
+    if (now.type_oid, now.type_modifier) == (before.type_oid, before.type_modifier):
+        return True
+    return resolve_domain(now.type_oid, now.type_modifier, types) == (
+        before.type_oid,
+        before.type_modifier,
+    )

@@ -34,6 +34,9 @@ class ShapeFrontier:
     frontier_lsn: int  # complete up to here (inclusive, by commit LSN)
     committed_lsn: int | None  # end LSN of the last committed batch
     ready: bool = True  # False while a backfill has not committed
+    # the LSN of the snapshot the table was last rebuilt from: reading as of an
+    # earlier LSN would miss rows (the older history was replaced)
+    snapshot_lsn: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class Frontiers:
                 int(v["frontier_lsn"]),
                 None if v.get("committed_lsn") is None else int(v["committed_lsn"]),
                 bool(v.get("ready", True)),
+                None if v.get("snapshot_lsn") is None else int(v["snapshot_lsn"]),
             )
             for name, v in data.get("shapes", {}).items()
         }

@@ -17,9 +17,18 @@ checked; a batch at or below it was committed already (a replay) and is skipped.
 On start, that version is the shape's committed offset: the collector drops every
 transaction at or below it. Commits happen at transaction boundaries only.
 
-The table's metadata description holds JSON with the primary key and the shape
-definition (the Delta kernel refuses custom configuration keys), so a reader needs
-nothing but the table to fold it (``tidemark.read``).
+The primary key is recorded in the schema itself (field metadata
+``tidemark.primary_key`` = the column's position in the key), so a commit that
+replaces the schema replaces the key with it, atomically; the metadata
+description also holds JSON with the key and the shape definition (the Delta
+kernel refuses custom configuration keys), so a reader needs nothing but the
+table to fold it (``tidemark.read``).
+
+Stream epochs: the application id is ``tidemark:<shape>`` on the first stream
+tidemark follows and ``tidemark:<shape>#<epoch>`` after it adopted another one
+(``tidemark.continuity``): a new stream's LSNs may be lower than the old one's,
+and Delta refuses to lower an application's version, so a new epoch starts a new
+application id instead of reading a stale offset as "already committed".
 """
 
 from __future__ import annotations
@@ -41,11 +50,15 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
 from tidemark.errors import SinkError
-from tidemark.sink.schema import LSN, OP
+from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
 
 log = structlog.get_logger("tidemark.sink")
 
 APP_PREFIX = "tidemark:"
+
+
+def app_id_for(shape: str, epoch: int = 1) -> str:
+    return APP_PREFIX + shape if epoch <= 1 else f"{APP_PREFIX}{shape}#{epoch}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +110,12 @@ def _file_stats(path: Path) -> tuple[int, str]:
 class ShapeTable:
     """The Delta table of one shape. Thread-safe: Spark jobs commit from worker threads."""
 
-    def __init__(self, root: str | Path, shape: str) -> None:
+    def __init__(self, root: str | Path, shape: str, *, epoch: int = 1) -> None:
         self.root = Path(root)
         self.shape = shape
         self.path = table_path(root, shape)
         self.uri = str(self.path)
-        self.app_id = APP_PREFIX + shape
+        self.app_id = app_id_for(shape, epoch)
         self._lock = threading.RLock()
         self._dt: DeltaTable | None = None
 
@@ -130,7 +143,7 @@ class ShapeTable:
             try:
                 self._dt = DeltaTable.create(
                     self.uri,
-                    schema=schema,
+                    schema=with_primary_key(schema, primary_key),
                     mode="error",
                     name=self.shape,
                     description=description,
@@ -177,7 +190,22 @@ class ShapeTable:
             ) from exc
 
     def primary_key(self) -> list[str]:
-        return list(self.described().get("primary_key") or [])
+        """The key the table's rows are folded by: from the schema (see the module
+        docstring), or the description of a table created before keys lived there."""
+        return primary_key_of(self.arrow_schema()) or list(
+            self.described().get("primary_key") or []
+        )
+
+    def needs_replacement(self, schema: pa.Schema, primary_key: Sequence[str]) -> bool:
+        """Whether a table with ``schema`` and ``primary_key`` cannot be reached from this
+        one by adding columns (a column's type or the key changed)."""
+        current = self.arrow_schema()
+        for field in schema:
+            if field.name in current.names and not current.field(field.name).type.equals(
+                field.type
+            ):
+                return True
+        return list(primary_key) != self.primary_key()
 
     def arrow_schema(self) -> pa.Schema:
         return pa.schema(self.table().schema().to_arrow())
@@ -241,26 +269,8 @@ class ShapeTable:
                     "commit.skipped_replay", shape=self.shape, end_lsn=end_lsn, committed_lsn=done
                 )
                 return None
-            actions = [
-                AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in files
-            ]
-            custom = {
-                "tidemark.endLsn": str(end_lsn),
-                "tidemark.rows": str(sum(f.num_rows for f in files)),
-                "tidemark.files": str(len(files)),
-                **{k: str(v) for k, v in (metadata or {}).items()},
-            }
-            dt.create_write_transaction(
-                actions,  # type: ignore[arg-type]
-                mode="append",
-                schema=dt.schema(),
-                commit_properties=CommitProperties(
-                    custom_metadata=custom,
-                    app_transactions=[Transaction(self.app_id, end_lsn)],
-                ),
-            )
-            dt.update_incremental()
-            return dt.version()
+            custom = {"tidemark.endLsn": end_lsn, "tidemark.files": len(files), **(metadata or {})}
+            return self._write(dt, [], files, custom, end_lsn)
 
     def active_files_with_sizes(self) -> list[tuple[str, int]]:
         with self._lock:
@@ -273,36 +283,59 @@ class ShapeTable:
         remove: Sequence[tuple[str, int]],
         files: Sequence[DataFile],
         metadata: Mapping[str, Any] | None = None,
+        *,
+        replace: tuple[pa.Schema, Sequence[str]] | None = None,
     ) -> int:
         """One commit that adds a snapshot's files and removes ``remove``: the files that
         were active when the snapshot was taken (their data is in the snapshot). Files
-        committed by the stream since then stay. The committed offset is unchanged."""
+        committed by the stream since then stay. The committed offset is unchanged.
+
+        ``replace=(schema, primary_key)``: the commit also replaces the table's schema
+        and key (a resync after a type or key change). It then removes *every* active
+        file: the caller holds the shape's stream commits from the snapshot on, so
+        every active file is older than the snapshot."""
         with self._lock:
             dt = self.table()
             dt.update_incremental()
+            custom = {"tidemark.operation": "backfill", **(metadata or {})}
+            version = dt.transaction_version(self.app_id)
+            if replace is not None:
+                schema = with_primary_key(replace[0], replace[1])
+                custom["tidemark.schemaReplaced"] = "true"
+                return self._write(dt, [], files, custom, version, schema=schema)
             active = {p for p, _ in self._active_files(dt)}
             now = int(time.time() * 1000)
             removes = [RemoveAction(p, True, now, size, {}) for p, size in remove if p in active]
-            adds = [
-                AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in files
-            ]
-            done = dt.transaction_version(self.app_id)
-            custom = {
-                "tidemark.operation": "backfill",
-                "tidemark.rows": str(sum(f.num_rows for f in files)),
-                **{k: str(v) for k, v in (metadata or {}).items()},
-            }
-            dt.create_write_transaction(
-                [*removes, *adds],
-                mode="append",
-                schema=dt.schema(),
-                commit_properties=CommitProperties(
-                    custom_metadata=custom,
-                    app_transactions=None if done is None else [Transaction(self.app_id, done)],
-                ),
-            )
-            dt.update_incremental()
-            return dt.version()
+            return self._write(dt, removes, files, custom, version)
+
+    def _write(
+        self,
+        dt: DeltaTable,
+        removes: Sequence[RemoveAction],
+        files: Sequence[DataFile],
+        metadata: Mapping[str, Any],
+        app_version: int | None,
+        *,
+        schema: pa.Schema | None = None,
+    ) -> int:
+        """One Delta commit: remove, add ``files``, tag ``(app_id, app_version)``;
+        with ``schema``, an overwrite that replaces every file and the schema."""
+        adds = [AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in files]
+        custom = {"tidemark.rows": str(sum(f.num_rows for f in files))}
+        custom |= {k: str(v) for k, v in metadata.items()}
+        dt.create_write_transaction(
+            [*removes, *adds],
+            mode="append" if schema is None else "overwrite",
+            schema=dt.schema() if schema is None else schema,
+            commit_properties=CommitProperties(
+                custom_metadata=custom,
+                app_transactions=None
+                if app_version is None
+                else [Transaction(self.app_id, app_version)],
+            ),
+        )
+        dt.update_incremental()
+        return dt.version()
 
     @staticmethod
     def _active_files(dt: DeltaTable) -> list[tuple[str, int]]:
@@ -314,6 +347,15 @@ class ShapeTable:
                 strict=True,
             )
         )
+
+    def delete_files(self, files: Sequence[DataFile]) -> None:
+        """Remove written files no commit will ever reference (best effort: vacuum
+        removes what is left)."""
+        for f in files:
+            try:
+                (self.path / f.path).unlink()
+            except OSError:
+                continue
 
     def active_files(self) -> list[str]:
         with self._lock:

@@ -1,11 +1,15 @@
 """Buffered rows to an Arrow table, one whole column at a time.
 
 The values of each output column are gathered with one ``zip(*rows)`` and
-converted by ``tidemark.pgoutput.values.to_arrow`` (Arrow casts the text in bulk);
+converted by the column's ``LakeColumn`` (``ColumnSpec.lake``; Arrow casts the text
+in bulk);
 per-transaction metadata runs are expanded with list repetition. No per-value
 Python work happens here except replacing UNCHANGED_TOAST markers by NULL in the
 rare batches that have them, and padding rows buffered before a column was added
 upstream (columns are only ever appended: a dropped column keeps its place as NULL).
+
+A value the lake column cannot hold exactly raises ``UnfitValue`` naming the column
+(and the shape, when the caller passes it): the batch is refused, never rounded.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from tidemark.errors import UnfitValue
 from tidemark.pgoutput.messages import UNCHANGED_TOAST
-from tidemark.pgoutput.values import to_arrow
 from tidemark.sink.schema import ColumnSpec
 from tidemark.writers.buffer import Rows
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
 
 
-def build_table(schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows) -> pa.Table:
+def build_table(
+    schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows, shape: str | None = None
+) -> pa.Table:
     n = len(rows)
     tuples: Sequence[tuple[object, ...]] = rows.values
     width = len(specs)
@@ -38,7 +44,7 @@ def build_table(schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows) -> p
         values: Sequence[object] = column
         if rows.has_unchanged:
             values = [None if v is UNCHANGED_TOAST else v for v in column]
-        arrays.append(to_arrow(values, spec.type_oid, spec.type_modifier))
+        arrays.append(_column(spec, values, shape))
     lsns: list[int] = []
     xids: list[int] = []
     stamps: list[int] = []
@@ -57,8 +63,20 @@ def build_table(schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows) -> p
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _column(spec: ColumnSpec, values: Sequence[object] | pa.Array, shape: str | None) -> pa.Array:
+    try:
+        return spec.lake.to_arrow(values)
+    except UnfitValue as refused:
+        raise refused.within(column=spec.name, shape=shape) from None
+
+
 def snapshot_table(
-    schema: pa.Schema, specs: Sequence[ColumnSpec], text: pa.Table, lsn: int, first_op: int
+    schema: pa.Schema,
+    specs: Sequence[ColumnSpec],
+    text: pa.Table,
+    lsn: int,
+    first_op: int,
+    shape: str | None = None,
 ) -> pa.Table:
     """Snapshot rows (text columns from COPY) as a shape table batch: typed columns,
     ``_kind = snapshot``, ``_lsn = lsn``, ``_op`` counting from ``first_op``. A column
@@ -66,7 +84,7 @@ def snapshot_table(
     n = text.num_rows
     names = set(text.column_names)
     arrays: list[pa.Array] = [
-        to_arrow(text.column(spec.name).combine_chunks(), spec.type_oid, spec.type_modifier)
+        _column(spec, text.column(spec.name).combine_chunks(), shape)
         if spec.name in names
         else pa.nulls(n, spec.arrow_type)
         for spec in specs

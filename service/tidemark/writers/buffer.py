@@ -12,6 +12,15 @@ with a worker thread. A transaction too big for memory is *staged*: its open
 rows go to Parquet files (written, not committed) and the files travel with the
 transaction into the batch that commits it.
 
+Staged files belong to one *delivery* of a transaction: ``take_open_rows`` hands
+out the delivery with the rows, and ``attach_staged`` adds the files to that
+delivery only. When the stream restarts, Postgres sends the transaction again as a
+new delivery; files a job finishes for the aborted one are returned for deletion,
+never attached to the new one (that would commit its rows twice).
+
+When the shape's column layout changes (``remap``), buffered rows are rearranged
+by column name, so a value never lands in another column.
+
 Values stay in pgoutput's representation (text ``bytes``/None/UNCHANGED_TOAST);
 Arrow conversion happens per column when the batch is built. Metadata that is
 constant in a transaction (LSN, xid, commit time) is stored once per transaction
@@ -20,10 +29,14 @@ and expanded when the batch is built.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import pyarrow as pa
 
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput.messages import Value
+from tidemark.sink.schema import ColumnSpec
 from tidemark.sink.table import DataFile
 
 ROW_OVERHEAD = 96  # bytes per buffered row beyond its values (lists, tuple, ints)
@@ -54,6 +67,14 @@ class Rows:
         self.has_unchanged |= other.has_unchanged
         self.nbytes += other.nbytes
 
+    def remap(self, positions: Sequence[int | None]) -> None:
+        """Rearrange every row's values: new column ``i`` takes old value
+        ``positions[i]`` (None, or beyond a short row: NULL)."""
+        self.values = [
+            tuple(v[j] if j is not None and j < len(v) else None for j in positions)
+            for v in self.values
+        ]
+
 
 @dataclass(slots=True)
 class Batch:
@@ -66,14 +87,20 @@ class Batch:
     last_offset: LogOffset  # the last offset this writer wrote in the batch
     transactions: int
     first_buffered_at: float
+    first_lsn: int = 0  # commit LSN of the first transaction in the batch
+    # the column layout the rows were buffered with (set by the writer)
+    columns: list[ColumnSpec] | None = None
+    schema: pa.Schema | None = None
 
     @property
     def row_count(self) -> int:
         return len(self.rows) + sum(f.num_rows for f in self.staged)
 
 
-@dataclass(slots=True)
-class _OpenTxn:
+@dataclass(slots=True, eq=False)
+class Delivery:
+    """One delivery of an open transaction (Postgres re-sends it after a restart)."""
+
     lsn: int
     xid: int
     commit_ts: int
@@ -81,6 +108,7 @@ class _OpenTxn:
     staged: list[DataFile] = field(default_factory=list)
     staged_rows: int = 0
     last_op: int = -1  # the last row's _op (-1: none yet)
+    state: str = "open"  # open | ended | aborted
 
 
 class ShapeBuffer:
@@ -88,10 +116,11 @@ class ShapeBuffer:
 
     def __init__(self, shape: str) -> None:
         self.shape = shape
-        self._open: _OpenTxn | None = None
+        self._open: Delivery | None = None
         self._ready = Rows()
         self._ready_staged: list[DataFile] = []
         self._ready_txns = 0
+        self._ready_first: int | None = None
         self._ready_end: tuple[int, LogOffset] | None = None
         self._ready_since: float | None = None
 
@@ -99,7 +128,7 @@ class ShapeBuffer:
 
     def begin_txn(self, lsn: int, xid: int, commit_ts: int) -> None:
         assert self._open is None, "previous transaction not ended"
-        self._open = _OpenTxn(lsn, xid, commit_ts)
+        self._open = Delivery(lsn, xid, commit_ts)
 
     @property
     def in_txn(self) -> bool:
@@ -136,6 +165,7 @@ class ShapeBuffer:
         txn = self._open
         assert txn is not None
         self._open = None
+        txn.state = "ended"
         count = len(txn.rows)
         if txn.last_op < 0:  # nothing written for this shape
             return 0
@@ -143,6 +173,8 @@ class ShapeBuffer:
         self._ready.extend(txn.rows)
         self._ready_staged.extend(txn.staged)
         self._ready_txns += 1
+        if self._ready_first is None:
+            self._ready_first = txn.lsn
         self._ready_end = (txn.lsn, LogOffset(txn.lsn, txn.last_op))
         if self._ready_since is None:
             self._ready_since = now
@@ -150,29 +182,35 @@ class ShapeBuffer:
 
     def abort_txn(self) -> None:
         """Forget the open transaction (the stream restarts; Postgres re-sends it)."""
+        if self._open is not None:
+            self._open.state = "aborted"
         self._open = None
 
     # -- staging a huge open transaction -------------------------------------
 
-    def take_open_rows(self) -> tuple[int, Rows] | None:
-        """The open transaction's buffered rows, handed to a staging job."""
+    def take_open_rows(self) -> tuple[Delivery, Rows] | None:
+        """The open delivery's buffered rows, handed to a staging job."""
         txn = self._open
         if txn is None or not txn.rows.ops:
             return None
         rows = txn.rows
         rows.runs.append((txn.lsn, txn.xid, txn.commit_ts, len(rows)))
         txn.rows = Rows()
-        return txn.lsn, rows
+        return txn, rows
 
-    def attach_staged(self, lsn: int, files: list[DataFile]) -> None:
-        """Files a staging job wrote for transaction ``lsn``."""
-        txn = self._open
-        if txn is not None and txn.lsn == lsn:
-            txn.staged.extend(files)
-            txn.staged_rows += sum(f.num_rows for f in files)
-        elif self._ready_end is not None and self._ready_end[0] >= lsn:
+    def attach_staged(self, delivery: Delivery, files: list[DataFile]) -> list[DataFile]:
+        """Files a staging job wrote for ``delivery``; returns those that belong to no
+        delivery any more (it was aborted: the caller deletes them)."""
+        if delivery.state == "open":
+            delivery.staged.extend(files)
+            delivery.staged_rows += sum(f.num_rows for f in files)
+            return []
+        if delivery.state == "ended":
+            # committed in the source meanwhile: its rows wait in the ready region (no
+            # batch is taken while a staging job runs for the shape)
             self._ready_staged.extend(files)
-        # else: the transaction was aborted; the files stay unreferenced (vacuumed)
+            return []
+        return list(files)
 
     # -- the flush side -----------------------------------------------------------
 
@@ -200,6 +238,22 @@ class ShapeBuffer:
     def ready_since(self) -> float | None:
         return self._ready_since
 
+    @property
+    def oldest_lsn(self) -> int | None:
+        """Commit LSN of the oldest transaction buffered here (ready or open)."""
+        if self._ready_first is not None:
+            return self._ready_first
+        txn = self._open
+        if txn is not None and (txn.last_op >= 0 or txn.staged):
+            return txn.lsn
+        return None
+
+    def remap(self, positions: Sequence[int | None]) -> None:
+        """The column layout changed: see ``Rows.remap``."""
+        self._ready.remap(positions)
+        if self._open is not None:
+            self._open.rows.remap(positions)
+
     def take_batch(self) -> Batch | None:
         if self._ready_end is None:
             return None
@@ -212,10 +266,12 @@ class ShapeBuffer:
             last_offset,
             self._ready_txns,
             self._ready_since or 0.0,
+            self._ready_first or end_lsn,
         )
         self._ready = Rows()
         self._ready_staged = []
         self._ready_txns = 0
+        self._ready_first = None
         self._ready_end = None
         self._ready_since = None
         return batch

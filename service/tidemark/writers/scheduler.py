@@ -14,8 +14,14 @@ reading the socket) and the biggest writers flush first; a transaction whose own
 open rows exceed ``stage_bytes`` is staged to Parquet (written, not committed)
 so a huge transaction never needs its size in RAM.
 
-A job that fails stops the scheduler with the error: nothing of that batch was
-acknowledged, and the service exits for its supervisor to restart it.
+A job that fails (Spark, the Delta commit, a value that cannot be converted) is
+retried in process, the same batch again, with capped exponential backoff; the
+shape reports the failure (``ShapeWriter.failure``: readiness, metrics, API) and
+takes no new batch meanwhile. Nothing of the batch is acknowledged until a retry
+commits it, so a failure that always repeats holds the acknowledgement (and the
+slot's WAL) with a clear cause instead of crash-looping the process. A retried
+commit that had in fact landed is recognised by the table's transaction version
+and skipped.
 """
 
 from __future__ import annotations
@@ -23,16 +29,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from tidemark.aio import wait_event
-from tidemark.writers.buffer import Batch
+from tidemark.writers.buffer import Batch, Delivery, Rows
 from tidemark.writers.job import CommitResult, commit_batch, write_parquet
-from tidemark.writers.writer import ShapeWriter
+from tidemark.writers.writer import JobFailure, ShapeWriter
+
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 60.0
+
+Job = Callable[[], Coroutine[Any, Any, None]]
 
 log = structlog.get_logger("tidemark.writers")
 
@@ -53,6 +64,7 @@ class SchedulerStats:
     commits: int = 0
     rows_committed: int = 0
     stage_jobs: int = 0
+    job_failures: int = 0
     replays_skipped: int = 0
     backpressure_waits: int = 0
     last_results: list[CommitResult] = field(default_factory=list)
@@ -78,7 +90,6 @@ class FlushScheduler:
         self._room.set()
         self._slots = asyncio.Semaphore(self.policy.concurrency)
         self._jobs: set[asyncio.Task[None]] = set()
-        self._failure: BaseException | None = None
         self._flush_all_requested = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -110,20 +121,14 @@ class FlushScheduler:
         self._room.clear()
         self._wake.set()
         while self.buffered_bytes >= self.policy.memory_budget:
-            self._raise_failure()
             self._room.clear()
             await self._room.wait()
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            raise self._failure
 
     # -- the loop ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Start due jobs until cancelled; raises the first job failure."""
+        """Start due jobs (and retries of failed ones) until cancelled."""
         while True:
-            self._raise_failure()
             self._start_due_jobs()
             self._wake.clear()
             await wait_event(self._wake, self._next_deadline())
@@ -135,12 +140,14 @@ class FlushScheduler:
             since = writer.buffer.ready_since
             if since is not None and not writer.in_flight:
                 soonest = min(soonest, max(0.0, since + self.policy.max_age_s - now))
+            if writer.failure is not None and not writer.in_flight:
+                soonest = min(soonest, max(0.0, writer.failure.retry_at - now))
         return max(soonest, 0.005)
 
     def _due(self, writer: ShapeWriter, now: float, pressure: bool) -> bool:
         buf = writer.buffer
         since = buf.ready_since
-        if since is None:
+        if since is None or writer.hold_commits or writer.retry is not None:
             return False
         p = self.policy
         return (
@@ -153,6 +160,15 @@ class FlushScheduler:
 
     def _start_due_jobs(self) -> None:
         now = self._clock()
+        for writer in self.writers.values():  # failed jobs whose backoff is over
+            retry, failure = writer.retry, writer.failure
+            if (
+                retry is not None
+                and failure is not None
+                and not writer.in_flight
+                and now >= failure.retry_at
+            ):
+                self._launch(writer, retry, writer.in_flight_bytes, writer.in_flight_lsn)
         pressure = self.buffered_bytes >= self.policy.memory_budget
         due = [w for w in self.writers.values() if not w.in_flight and self._due(w, now, pressure)]
         if due:
@@ -161,6 +177,8 @@ class FlushScheduler:
                 for w in self.writers.values()
                 if not w.in_flight
                 and w not in due
+                and w.retry is None
+                and not w.hold_commits
                 and w.buffer.ready_since is not None
                 and now - w.buffer.ready_since >= self.policy.coalesce_age_s
             ]
@@ -171,27 +189,45 @@ class FlushScheduler:
             batch = writer.take_batch()
             if batch is None:
                 continue
-            self._launch(writer, self._flush(writer, batch), batch.rows.nbytes)
+            self._launch(writer, self._flush_job(writer, batch), batch.rows.nbytes, batch.first_lsn)
         for writer in self.writers.values():
-            if not writer.in_flight and writer.buffer.open_bytes >= self.policy.stage_bytes:
+            if (
+                not writer.in_flight
+                and writer.retry is None
+                and writer.buffer.open_bytes >= self.policy.stage_bytes
+            ):
                 taken = writer.buffer.take_open_rows()
                 if taken is not None:
-                    self._launch(writer, self._stage(writer, *taken), taken[1].nbytes)
+                    delivery, rows = taken
+                    self._launch(
+                        writer,
+                        self._stage_job(writer, delivery, rows),
+                        rows.nbytes,
+                        delivery.lsn,
+                    )
 
-    def _launch(self, writer: ShapeWriter, job: Any, nbytes: int) -> None:
+    def _launch(self, writer: ShapeWriter, job: Job, nbytes: int, first_lsn: int | None) -> None:
         writer.in_flight = True
         writer.in_flight_bytes = nbytes
+        writer.in_flight_lsn = first_lsn
         self._idle.clear()
-        task = asyncio.create_task(job, name=f"flush-{writer.shape}")
+        task = asyncio.create_task(job(), name=f"flush-{writer.shape}")
         self._jobs.add(task)
 
         def done(t: asyncio.Task[None]) -> None:
             self._jobs.discard(t)
             writer.in_flight = False
-            writer.in_flight_bytes = 0
-            if not t.cancelled() and t.exception() is not None and self._failure is None:
-                self._failure = t.exception()
-                log.error("flush.failed", shape=writer.shape, error=repr(t.exception()))
+            error = None if t.cancelled() else t.exception()
+            if error is None:
+                writer.in_flight_bytes, writer.in_flight_lsn = 0, None
+                writer.retry = None
+                if writer.failure is not None:
+                    log.info(
+                        "flush.recovered", shape=writer.shape, attempts=writer.failure.attempts
+                    )
+                    writer.failure = None
+            else:
+                self._failed(writer, job, error)
             if not self._jobs:
                 self._idle.set()
             self._room.set()
@@ -199,10 +235,38 @@ class FlushScheduler:
 
         task.add_done_callback(done)
 
+    def _failed(self, writer: ShapeWriter, job: Job, error: BaseException) -> None:
+        """Keep the job to run it again after a backoff; its bytes stay counted."""
+        previous = writer.failure
+        attempts = 1 if previous is None else previous.attempts + 1
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
+        cause = f"{type(error).__name__}: {error}"
+        writer.failure = JobFailure(
+            cause,
+            attempts,
+            self._clock() + delay,
+            time.time() if previous is None else previous.since,
+        )
+        writer.retry = job
+        self.stats.job_failures += 1
+        log.error(
+            "flush.failed",
+            shape=writer.shape,
+            error=cause,
+            attempts=attempts,
+            retry_in_s=round(delay, 2),
+            exc_info=error if attempts == 1 else None,
+        )
+
+    def _flush_job(self, writer: ShapeWriter, batch: Batch) -> Job:
+        return lambda: self._flush(writer, batch)
+
     async def _flush(self, writer: ShapeWriter, batch: Batch) -> None:
+        schema = batch.schema if batch.schema is not None else writer.schema
+        columns = batch.columns if batch.columns is not None else writer.columns
         async with self._slots:
             result = await asyncio.to_thread(
-                commit_batch, self.spark, writer.table, writer.schema, writer.columns, batch
+                commit_batch, self.spark, writer.table, schema, columns, batch
             )
         writer.batch_committed(batch, result.version)
         stats = self.stats
@@ -223,14 +287,29 @@ class FlushScheduler:
         if self._on_commit is not None:
             self._on_commit(result)
 
-    async def _stage(self, writer: ShapeWriter, lsn: int, rows: Any) -> None:
+    def _stage_job(self, writer: ShapeWriter, delivery: Delivery, rows: Rows) -> Job:
+        schema, columns = writer.schema, list(writer.columns)
+        return lambda: self._stage(writer, delivery, rows, schema, columns)
+
+    async def _stage(
+        self, writer: ShapeWriter, delivery: Delivery, rows: Rows, schema: Any, columns: Any
+    ) -> None:
         async with self._slots:
             files = await asyncio.to_thread(
-                write_parquet, self.spark, writer.table, writer.schema, writer.columns, rows
+                write_parquet, self.spark, writer.table, schema, columns, rows
             )
-        writer.buffer.attach_staged(lsn, files)
+        orphans = writer.buffer.attach_staged(delivery, files)
+        if orphans:  # the delivery was aborted meanwhile: Postgres sends it again
+            await asyncio.to_thread(writer.table.delete_files, orphans)
         self.stats.stage_jobs += 1
-        log.info("txn.staged", shape=writer.shape, lsn=lsn, rows=len(rows), files=len(files))
+        log.info(
+            "txn.staged",
+            shape=writer.shape,
+            lsn=delivery.lsn,
+            rows=len(rows),
+            files=len(files),
+            discarded=bool(orphans),
+        )
 
     # -- backfill ---------------------------------------------------------------------
 
@@ -238,7 +317,6 @@ class FlushScheduler:
     async def exclusive(self, writer: ShapeWriter) -> AsyncIterator[None]:
         """Hold ``writer`` so no flush job runs for it (backfill commits, maintenance)."""
         while writer.in_flight:
-            self._raise_failure()
             await asyncio.sleep(0.02)
         writer.in_flight = True
         try:
@@ -251,7 +329,6 @@ class FlushScheduler:
     async def backfill_slot(self) -> AsyncIterator[None]:
         """A job slot for backfill work, taken only while no stream flush is waiting."""
         while True:
-            self._raise_failure()
             now = self._clock()
             waiting = any(
                 not w.in_flight and not w.backfill and self._due(w, now, False)
@@ -270,10 +347,12 @@ class FlushScheduler:
         self._flush_all_requested = True
         try:
             while True:
-                self._raise_failure()
                 self._start_due_jobs()
                 if not self._jobs:
-                    if not any(w.buffer.ready_since is not None for w in self.writers.values()):
+                    if not any(
+                        w.buffer.ready_since is not None and not w.hold_commits and w.retry is None
+                        for w in self.writers.values()
+                    ):
                         return
                     await asyncio.sleep(0)  # a job's done-callback is about to run
                     continue
@@ -283,4 +362,3 @@ class FlushScheduler:
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
-        self._raise_failure()

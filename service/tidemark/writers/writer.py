@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -29,6 +31,16 @@ from tidemark.sink.table import ShapeTable
 from tidemark.writers.buffer import Batch, ShapeBuffer
 
 Report = Callable[[str, LogOffset], None]
+
+
+@dataclass(slots=True)
+class JobFailure:
+    """A flush or staging job of this shape failed; it is retried with backoff."""
+
+    error: str
+    attempts: int
+    retry_at: float  # monotonic
+    since: float  # wall clock of the first failure in a row
 
 
 class ShapeWriter:
@@ -54,12 +66,23 @@ class ShapeWriter:
         self.commits = 0
         self.in_flight = False  # a flush or staging job is running for this shape
         self.in_flight_bytes = 0  # buffered bytes that job holds until it finishes
-        self.backfill = False  # issue 9: snapshot work has lower priority
+        self.in_flight_lsn: int | None = None  # oldest transaction that job holds
+        self.backfill = False  # snapshot work has lower priority
+        # a backfill that replaces the table's schema holds stream commits until its
+        # own commit (files written with the new layout cannot join the old schema)
+        self.hold_commits = False
+        self.failure: JobFailure | None = None  # the last job failed: retried later
+        self.retry: Callable[[], Any] | None = None  # that job, kept for its retry
 
     # -- schema -----------------------------------------------------------------
 
     def set_columns(self, columns: list[ColumnSpec]) -> None:
-        """The shape's output columns changed (a column was added upstream)."""
+        """The shape's output columns changed (added, dropped, reordered, retyped):
+        buffered rows are rearranged by name. Batches already taken keep the layout
+        they were taken with."""
+        if [c.name for c in columns] != [c.name for c in self.columns]:
+            old = {c.name: i for i, c in enumerate(self.columns)}
+            self.buffer.remap([old.get(c.name) for c in columns])
         self.columns = columns
         self.schema = table_schema(columns)
 
@@ -114,12 +137,27 @@ class ShapeWriter:
     # -- flush side ---------------------------------------------------------------
 
     def take_batch(self) -> Batch | None:
-        return self.buffer.take_batch()
+        batch = self.buffer.take_batch()
+        if batch is not None:
+            batch.columns, batch.schema = list(self.columns), self.schema
+        return batch
+
+    @property
+    def oldest_held_lsn(self) -> int | None:
+        """Commit LSN of the oldest transaction this writer holds and has not committed
+        (buffered, staged, or in a running or failed job): nothing at or after it may
+        be acknowledged. Computed from the writer's own state, not the tracker's."""
+        held = [x for x in (self.buffer.oldest_lsn, self.in_flight_lsn) if x is not None]
+        return min(held) if held else None
 
     def discard_buffered(self) -> None:
         """Drop everything buffered (the shape is about to be rebuilt from a snapshot
         that holds those transactions). Call with no job running for the shape."""
+        self.buffer.abort_txn()
         self.buffer = ShapeBuffer(self.shape)
+        self.failure, self.retry = None, None
+        self.in_flight_bytes, self.in_flight_lsn = 0, None
+        self.hold_commits = False
         self.alignment = TxnAlignment()
         self._accepting = False
 

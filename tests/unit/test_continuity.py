@@ -1,0 +1,181 @@
+"""The continuity rule, its store and its guard, without Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from tidemark.backfill.fence import SnapshotFence
+from tidemark.continuity.guard import ContinuityGuard
+from tidemark.continuity.rule import ObservedStream, StreamRecord, check_stream
+from tidemark.continuity.store import ContinuityStore
+from tidemark.errors import StreamGapError
+
+SYSTEM = "7300000000000000001"
+RECORD = StreamRecord(SYSTEM, 1, "tm", 1000, 1, 5000, 0.0)
+FENCE = SnapshotFence(4000, 10, 12, frozenset({11}))
+
+
+def observed(**changes: object) -> ObservedStream:
+    base = {
+        "system_id": SYSTEM,
+        "timeline": 1,
+        "slot": "tm",
+        "slot_exists": True,
+        "confirmed_flush_lsn": 4800,
+    }
+    return ObservedStream(**{**base, **changes})  # type: ignore[arg-type]
+
+
+# -- the rule ------------------------------------------------------------------
+
+
+def test_the_same_slot_at_or_below_what_was_sent_is_the_same_stream() -> None:
+    assert check_stream(RECORD, observed(), claimed=True).kind == "continuous"
+    assert check_stream(RECORD, observed(confirmed_flush_lsn=5000), claimed=True).kind == (
+        "continuous"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"slot_exists": False, "confirmed_flush_lsn": None}, "does not exist any more"),
+        ({"confirmed_flush_lsn": 5008}, "beyond the highest position"),
+        ({"system_id": "7300000000000000002"}, "another PostgreSQL system"),
+        ({"slot": "other"}, "slot changed"),
+        ({"slot_lost": True}, "invalidated"),
+    ],
+)
+def test_a_broken_stream_is_a_gap_when_claimed_and_adopted_when_not(
+    change: dict[str, object], words: str
+) -> None:
+    gap = check_stream(RECORD, observed(**change), claimed=True)
+    assert gap.kind == "gap" and words in gap.reason
+    assert check_stream(RECORD, observed(**change), claimed=False).kind == "adopt"
+
+
+def test_a_new_timeline_with_the_slot_in_place_continues_and_says_so() -> None:
+    verdict = check_stream(RECORD, observed(timeline=2), claimed=True)
+    assert verdict.kind == "continuous" and "timeline changed from 1 to 2" in verdict.reason
+
+
+def test_without_a_record_an_existing_slot_is_adopted_and_a_missing_one_is_a_gap() -> None:
+    assert check_stream(None, observed(), claimed=True).kind == "continuous"
+    missing = observed(slot_exists=False, confirmed_flush_lsn=None)
+    assert check_stream(None, missing, claimed=True).kind == "gap"
+    assert check_stream(None, missing, claimed=False).kind == "adopt"
+
+
+# -- the store -------------------------------------------------------------------
+
+
+def test_claims_invalidations_and_the_stream_survive_a_restart(tmp_path: Path) -> None:
+    store = ContinuityStore(tmp_path)
+    store.adopt(RECORD)
+    store.record_claim("a", FENCE, 10)
+    store.record_claim("b", FENCE, 20)
+    store.write_claims()
+    assert store.invalidate("b", "removed")
+    asyncio.run(store.before_send(6000))
+    again = ContinuityStore(tmp_path)
+    assert again.claimed() == ["a"] and again.claim("a") == store.claim("a")
+    last = again.last_invalidation("b")
+    assert last is not None and last.reason == "removed"
+    assert again.stream is not None and again.stream.sent_flush_lsn == 6000
+
+
+def test_an_invalidation_is_durable_before_the_next_acknowledgement(tmp_path: Path) -> None:
+    store = ContinuityStore(tmp_path)
+    store.adopt(RECORD)
+    store.record_claim("a", FENCE, 10)
+    store.write_claims()
+    store.invalidate("a", "resync")
+    assert ContinuityStore(tmp_path).claim("a") is not None  # not written yet
+    asyncio.run(store.before_send(5000))  # a flush that does not even move
+    assert ContinuityStore(tmp_path).claim("a") is None
+
+
+def test_the_sent_flush_only_grows(tmp_path: Path) -> None:
+    store = ContinuityStore(tmp_path)
+    store.adopt(RECORD)
+    asyncio.run(store.before_send(7000))
+    asyncio.run(store.before_send(6000))
+    record = ContinuityStore(tmp_path).stream
+    assert record is not None and record.sent_flush_lsn == 7000
+
+
+def test_round_one_backfill_records_are_read_as_claims(tmp_path: Path) -> None:
+    legacy = tmp_path / "_tidemark" / "backfills.json"
+    legacy.parent.mkdir()
+    entry = {"fence": FENCE.to_json(), "rows": 3, "finished_at": 12.0}
+    legacy.write_text(json.dumps({"version": 1, "shapes": {"old": entry}}))
+    store = ContinuityStore(tmp_path)
+    claim = store.claim("old")
+    assert claim is not None and claim.fence == FENCE and claim.epoch is None
+    store.write_claims()
+    assert not legacy.exists() and ContinuityStore(tmp_path).claim("old") is not None
+
+
+def test_an_unreadable_state_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "_tidemark" / "claims.json"
+    path.parent.mkdir()
+    path.write_text("{not json")
+    with pytest.raises(Exception, match="unreadable"):
+        ContinuityStore(tmp_path)
+
+
+# -- the guard -------------------------------------------------------------------
+
+
+def claimed_store(tmp_path: Path) -> ContinuityStore:
+    store = ContinuityStore(tmp_path)
+    store.adopt(RECORD)
+    store.record_claim("a", FENCE, 10)
+    store.write_claims()
+    return store
+
+
+def test_the_fail_policy_stops_with_what_happened_and_how_to_resync(tmp_path: Path) -> None:
+    store = claimed_store(tmp_path)
+    guard = ContinuityGuard(store, "fail")
+    with pytest.raises(StreamGapError, match=r"does not exist any more.*on_stream_gap"):
+        guard.decide_at_start(observed(slot_exists=False, confirmed_flush_lsn=None))
+    assert store.claim("a") is not None  # nothing was given up
+
+
+def test_the_resync_policy_ends_every_claim_before_a_new_stream_is_adopted(
+    tmp_path: Path,
+) -> None:
+    store = claimed_store(tmp_path)
+    guard = ContinuityGuard(store, "resync")
+    missing = observed(slot_exists=False, confirmed_flush_lsn=None)
+    guard.decide_at_start(missing)
+    assert ContinuityStore(tmp_path).claimed() == []  # durable already
+    record = store.stream
+    assert record is not None and record.epoch == 2 and record.origin_lsn == 0
+    guard.check(missing)  # the client's first connection: the slot is created next
+    guard.slot_created(missing, 9000)
+    record = ContinuityStore(tmp_path).stream
+    assert record is not None and (record.epoch, record.origin_lsn, record.sent_flush_lsn) == (
+        2,
+        9000,
+        9000,
+    )
+
+
+def test_a_gap_found_on_reconnect_stops_whatever_the_policy(tmp_path: Path) -> None:
+    guard = ContinuityGuard(claimed_store(tmp_path), "resync")
+    with pytest.raises(StreamGapError, match="reconnect"):
+        guard.check(observed(confirmed_flush_lsn=9999))
+
+
+def test_a_promotion_keeps_the_epoch_and_records_the_new_timeline(tmp_path: Path) -> None:
+    store = claimed_store(tmp_path)
+    ContinuityGuard(store, "fail").check(observed(timeline=3))
+    record = ContinuityStore(tmp_path).stream
+    assert record is not None and (record.epoch, record.timeline) == (1, 3)
+    assert store.claim("a") is not None
