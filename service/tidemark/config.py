@@ -6,30 +6,52 @@ The file is ``./tidemark.toml`` unless ``TIDEMARK_CONFIG`` or ``--config`` names
 another. Shapes declared here are reconciled with the shape registry at start-up;
 shapes added at runtime (API/CLI) live in the registry only.
 
+Every section refuses keys it does not know (with the nearest valid key suggested),
+and so does the environment (``TIDEMARK_SORCE__DSN`` is an error, not a no-op): a
+typo never leaves a setting silently at its default. A file that is not UTF-8 TOML,
+an environment variable that is not valid JSON where JSON is expected, and any
+invalid value raise ``ConfigError`` saying what was wrong, where (file or variable)
+and what to do.
+
+The HTTP API's mutations are guarded by ``[http] admin_token`` (or a file holding it,
+``admin_token_file``). Listening beyond loopback without one is refused unless
+``[http] allow_unauthenticated = true`` says so explicitly.
+
 ``explain()`` renders the effective settings with the password redacted, for
 ``tidemark config check``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+from pydantic_settings.exceptions import SettingsError
 
-from tidemark.conninfo import redact_dsn
+from tidemark.conninfo import redact_dsn, redact_text
 from tidemark.errors import ConfigError
 from tidemark.replication.slot import check_name
 
 
-class SourceSettings(BaseModel):
+class _Section(BaseModel):
+    """A settings section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceSettings(_Section):
     dsn: str = Field(
         default="", description="libpq connection string or URL of the source database"
     )
@@ -42,6 +64,21 @@ class SourceSettings(BaseModel):
         description="create the publication FOR ALL TABLES (superuser) instead of the shape tables",
     )
     reconnect_max_s: float = 30.0
+    on_stream_gap: Literal["fail", "resync"] = Field(
+        default="fail",
+        description=(
+            "what to do when the stream the shapes follow was broken while tidemark was "
+            "away (slot dropped or recreated, advanced by someone else, another source): "
+            "fail (stop and say so) or resync (rebuild every shape from a snapshot)"
+        ),
+    )
+
+    @field_validator("dsn")
+    @classmethod
+    def _parsable_dsn(cls, value: str) -> str:
+        if value:
+            check_dsn(value)
+        return value
 
     @field_validator("slot", "publication")
     @classmethod
@@ -52,7 +89,30 @@ class SourceSettings(BaseModel):
             raise ValueError(str(exc)) from None
 
 
-class SinkSettings(BaseModel):
+def check_dsn(dsn: str) -> None:
+    """ValueError (password redacted) unless libpq can parse ``dsn``."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(
+            f"{redact_text(str(exc).strip(), dsn)}: give a URL "
+            "(postgresql://user:password@host:5432/dbname) or key=value pairs "
+            "(host=... dbname=...)"
+        ) from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"port {port!r} is not a TCP port number")
+
+
+_SPARK_MASTER = re.compile(
+    r"local(\[(\d+|\*)(,\d+)?\])?|(spark|k8s|mesos)://\S+|yarn|local-cluster\[\d+,\d+,\d+\]"
+)
+
+
+class SinkSettings(_Section):
     root: str = Field(default="./tidemark-data", description="folder or URI of the tables")
     maintenance_every_s: float = Field(
         default=3600.0, gt=0, description="compaction and vacuum of each table, this often"
@@ -60,13 +120,61 @@ class SinkSettings(BaseModel):
     vacuum_retention_hours: int = Field(default=24, ge=1)
 
 
-class SparkSettings(BaseModel):
-    master: str = "local[2]"
+class SparkSettings(_Section):
+    """Where the writers' Spark runs: a ``master`` (tidemark is the driver: local mode
+    or a cluster) or a Spark Connect ``remote`` (tidemark is a client, no JVM here)."""
+
+    master: str = Field(
+        default="local[2]",
+        description="local[N] or spark://host:7077 (an empty value means local[2])",
+    )
+    remote: str = Field(
+        default="", description="sc://host:15002: a Spark Connect server instead of a master"
+    )
     app_name: str = "tidemark"
     conf: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("master")
+    @classmethod
+    def _known_master(cls, value: str) -> str:
+        value = value.strip()
+        if value and not value.startswith("sc://") and not _SPARK_MASTER.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a Spark master URL: use local[2] (local mode, 2 threads), "
+                "local[*], spark://host:7077 (a standalone cluster), yarn or k8s://..."
+            )
+        return value
 
-class FlushSettings(BaseModel):
+    @field_validator("remote")
+    @classmethod
+    def _connect_url(cls, value: str) -> str:
+        value = value.strip()
+        if value and (urlsplit(value).scheme != "sc" or not urlsplit(value).hostname):
+            raise ValueError(
+                f"{value!r} is not a Spark Connect URL: write sc://host:port "
+                "(the Connect server's spark.connect.grpc.binding.port, 15002 by default)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _master_or_remote(self) -> SparkSettings:
+        if self.master.startswith("sc://"):
+            raise ValueError(
+                f"master {self.master!r} is a Spark Connect URL: set [spark] remote to it "
+                "(TIDEMARK_SPARK__REMOTE) and leave master unset"
+            )
+        if self.remote and self.master and "master" in self.model_fields_set:
+            raise ValueError(
+                f"both master ({self.master!r}) and remote ({self.remote!r}) are set: tidemark "
+                "either drives Spark itself (master) or is a Spark Connect client (remote); "
+                "keep one of them"
+            )
+        if not self.master:
+            self.master = "local[2]"
+        return self
+
+
+class FlushSettings(_Section):
     max_rows: int = Field(default=200_000, gt=0)
     max_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
     max_age_s: float = Field(default=1.0, gt=0)
@@ -75,18 +183,69 @@ class FlushSettings(BaseModel):
     stage_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
 
 
-class HttpSettings(BaseModel):
+class HttpSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     admin_token: str = Field(default="", description="bearer token for mutations; empty: none")
+    admin_token_file: str = Field(
+        default="", description="file holding the admin token (used when admin_token is empty)"
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="serve mutations without a token on a non-loopback address, on purpose",
+    )
+
+    @model_validator(mode="after")
+    def _token_from_file(self) -> HttpSettings:
+        if self.admin_token or not self.admin_token_file:
+            return self
+        path = Path(self.admin_token_file)
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(
+                f"cannot read admin_token_file {path}: {exc}; point it at a readable text "
+                "file holding the token, or set admin_token instead"
+            ) from None
+        if not token:
+            raise ValueError(
+                f"admin_token_file {path} is empty: write the token into it (e.g. "
+                f"`openssl rand -hex 16 > {path}`)"
+            )
+        self.admin_token = token
+        return self
+
+    @model_validator(mode="after")
+    def _no_open_mutations_by_accident(self) -> HttpSettings:
+        if self.admin_token or self.allow_unauthenticated or is_loopback(self.host):
+            return self
+        raise ValueError(
+            f"host = {self.host!r} accepts connections from other machines, but no admin "
+            f"token is set, so anyone who reaches port {self.port} could add, remove and "
+            "resync shapes. Set [http] admin_token (TIDEMARK_HTTP__ADMIN_TOKEN) or "
+            'admin_token_file, or listen on loopback only (host = "127.0.0.1"); to serve '
+            "without a token on purpose, set [http] allow_unauthenticated = true "
+            "(TIDEMARK_HTTP__ALLOW_UNAUTHENTICATED=true)"
+        )
 
 
-class MonitorSettings(BaseModel):
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (a name other than localhost may
+    resolve to anything, so it does not count)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class MonitorSettings(_Section):
     period_s: float = Field(default=5.0, gt=0)
     stall_grace_s: float = Field(default=300.0, gt=0)
 
 
-class ShapeSettings(BaseModel):
+class ShapeSettings(_Section):
     name: str
     table: str
     where: str | None = None
@@ -121,11 +280,54 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        path = os.environ.get("TIDEMARK_CONFIG", "tidemark.toml")
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if Path(path).exists():
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        path = config_path()
+        if path is not None:
+            sources.append(_TomlFile(settings_cls, toml_file=path))
         return tuple(sources)
+
+
+def config_path() -> Path | None:
+    """The settings file that is read: ``$TIDEMARK_CONFIG`` or ./tidemark.toml, if it
+    exists (``load_settings(path)`` sets the variable while it loads)."""
+    path = Path(os.environ.get("TIDEMARK_CONFIG", "tidemark.toml"))
+    if path.exists() and not path.is_file():
+        raise ConfigError(
+            f"cannot read config file {path}: it is a folder, not a file; give the path of "
+            "a tidemark.toml with --config or TIDEMARK_CONFIG"
+        )
+    return path if path.exists() else None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML, or ConfigError saying why it cannot be read."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read config file {path}: {exc.strerror or exc}; give the path of a "
+            "tidemark.toml with --config or TIDEMARK_CONFIG"
+        ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not a UTF-8 text file (byte 0x{raw[exc.start]:02x} at "
+            f"offset {exc.start}): settings are TOML text; is --config or TIDEMARK_CONFIG "
+            "pointing at the right file?"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not valid TOML: {exc}. The format is in README.md "
+            "(Configuration); a section header is [name], a value is key = value"
+        ) from None
+
+
+class _TomlFile(TomlConfigSettingsSource):
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        return read_toml(Path(file_path))
 
 
 def load_settings(
@@ -134,17 +336,28 @@ def load_settings(
     """Settings from the file (``path``, ``$TIDEMARK_CONFIG`` or ./tidemark.toml) and env.
 
     ``require_dsn=False`` serves commands that talk to a running service or read the
-    lake, which need no source database.
+    lake, which need no source database. Raises ConfigError (see the module docstring).
     """
     previous = os.environ.get("TIDEMARK_CONFIG")
     if path is not None:
         if not Path(path).exists():
             raise ConfigError(f"config file {path} does not exist")
         os.environ["TIDEMARK_CONFIG"] = path
+    from tidemark.settings_problems import (
+        check_environment,
+        explain_json_error,
+        explain_validation,
+    )
+
     try:
-        settings = Settings(**overrides)
-    except ValidationError as exc:
-        raise ConfigError(_explain_errors(exc)) from None
+        check_environment(os.environ)
+        file = config_path()
+        try:
+            settings = Settings(**overrides)
+        except ValidationError as exc:
+            raise ConfigError(explain_validation(exc, file, os.environ)) from None
+        except SettingsError as exc:
+            raise ConfigError(explain_json_error(exc, os.environ)) from None
     finally:
         if path is not None:
             if previous is None:
@@ -157,15 +370,6 @@ def load_settings(
             'user:password@host/db") or set TIDEMARK_SOURCE__DSN'
         )
     return settings
-
-
-def _explain_errors(exc: ValidationError) -> str:
-    lines = ["invalid configuration:"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        env = "TIDEMARK_" + "__".join(str(p).upper() for p in err["loc"] if not isinstance(p, int))
-        lines.append(f"  {where}: {err['msg']} (in tidemark.toml, or {env})")
-    return "\n".join(lines)
 
 
 def explain(settings: Settings) -> str:

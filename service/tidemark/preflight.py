@@ -31,7 +31,7 @@ class Check:
 
 async def run_checks(settings: Settings) -> list[Check]:
     out: list[Check] = []
-    out.append(_java())
+    out.append(_spark(settings))
     out.append(_sink(settings.sink.root))
     src = settings.source
     try:
@@ -110,11 +110,20 @@ async def run_checks(settings: Settings) -> list[Check]:
                     f"publication '{src.publication}' exists" + (" (all tables)" if row[0] else ""),
                 )
             )
+        # a publication tidemark may not change must hold every shape's table already
+        fixed_publication = row is not None and not row[0] and not src.create_publication
         for declared in settings.shapes:
             name = f"shape {declared.name}"
             try:
                 definition = ShapeDefinition(**declared.model_dump())
                 checked = await validate_shape(conn, definition)
+                if fixed_publication and not src.publish_all_tables:
+                    await slots.add_tables_to_publication(
+                        conn,
+                        src.publication,
+                        [(definition.schema_name, definition.table_name)],
+                        alter=False,
+                    )
                 text = ", ".join(f"{c} ({t})" for c, t in checked.as_text)
                 out.append(
                     Check(
@@ -128,6 +137,20 @@ async def run_checks(settings: Settings) -> list[Check]:
     finally:
         await conn.close()
     return out
+
+
+def _spark(settings: Settings) -> Check:
+    """Java for a driver in this process; for Spark Connect, the client and the server."""
+    remote = settings.spark.remote
+    if not remote:
+        return _java()
+    from tidemark.spark import check_connect
+
+    try:
+        check_connect(remote, timeout_s=5.0)
+    except TidemarkError as exc:
+        return Check("spark connect", False, str(exc))
+    return Check("spark connect", True, f"{remote} answers (no Java needed here)")
 
 
 def _java() -> Check:

@@ -21,6 +21,16 @@
 Mutations need ``Authorization: Bearer <admin_token>`` when a token is configured.
 Errors are JSON: ``{"error": "<what was wrong and what to do>", "status": <code>}``.
 LSNs are given both as text (``16/B374D848``) and as numbers.
+
+A request a user got wrong is answered 4xx, never 500: 400 for a malformed body,
+parameter or shape definition (including predicates over the size and depth limits),
+404 for an unknown shape or path, 409 for a conflict with a shape's state (another
+definition under that name, a shape removed while it was being resynced), 413 for a
+body over 64 KiB, 422 when the definition is valid but the source cannot serve it as
+configured (a table outside a publication tidemark may not change), 503 when the
+source database cannot be reached. Mutations run one at a time. Anything else is a
+bug: logged (``api.failed``, with the traceback) and answered 500 with a generic
+message.
 """
 
 from __future__ import annotations
@@ -28,16 +38,20 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from tidemark.errors import ShapeError, TidemarkError
-from tidemark.lsn import Lsn, format_lsn
+from tidemark.api.shape_view import lsn_json, shape_json
+from tidemark.conninfo import redact_text
+from tidemark.errors import ReplicationError, ShapeConflict, ShapeError, TidemarkError
+from tidemark.lsn import Lsn
 from tidemark.shapes.model import ShapeDefinition
 
 if TYPE_CHECKING:
@@ -46,10 +60,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("tidemark.api")
 SERVICE: web.AppKey[Service] = web.AppKey("service")
 MAX_WAIT_S = 300.0
-
-
-def lsn_json(value: int | None) -> dict[str, Any] | None:
-    return None if value is None else {"lsn": format_lsn(value), "value": value}
+MUTATIONS: web.AppKey[asyncio.Lock] = web.AppKey("mutations")
 
 
 def error(status: int, message: str) -> web.Response:
@@ -65,10 +76,27 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         if exc.content_type == "application/json":
             raise
         return error(exc.status, exc.reason or "error")
+    except ShapeConflict as exc:
+        return error(409, str(exc))
     except ShapeError as exc:
         return error(400, str(exc))
+    except psycopg.OperationalError as exc:
+        dsn = request.app[SERVICE].settings.source.dsn
+        return error(
+            503,
+            f"the source database cannot be reached: {redact_text(str(exc).strip(), dsn)}; "
+            "try again once it is back",
+        )
     except TidemarkError as exc:
+        log.error("api.failed", path=request.path, error=str(exc), exc_info=exc)
         return error(500, str(exc))
+    except Exception as exc:  # a bug: say so, keep the details in the log
+        log.error("api.failed", path=request.path, error=repr(exc), exc_info=exc)
+        return error(
+            500,
+            f"internal error while serving {request.method} {request.path}; the service "
+            "log has the details (event api.failed)",
+        )
 
 
 def _authorized(request: web.Request) -> web.Response | None:
@@ -81,31 +109,6 @@ def _authorized(request: web.Request) -> web.Response | None:
     if not hmac.compare_digest(given[len("Bearer ") :].encode(), token.encode()):
         return error(403, "the bearer token is not the configured admin token")
     return None
-
-
-def shape_json(service: Service, name: str) -> dict[str, Any]:
-    status = service.shapes[name]
-    writer = service.scheduler.writers.get(name) if service.scheduler else None
-    d = status.definition
-    return {
-        "name": name,
-        "table": d.table,
-        "where": d.where,
-        "columns": list(d.columns) if d.columns else None,
-        "replica": d.replica,
-        "origin": status.origin,
-        "state": status.state,
-        "error": status.error,
-        "frontier": lsn_json(service.frontier(name)),
-        "committed": lsn_json(writer.committed_lsn if writer else None),
-        "rows_committed": writer.rows_committed if writer else 0,
-        "pending_rows": (writer.buffer.ready_rows + writer.buffer.open_rows) if writer else 0,
-        "columns_as_text": [{"column": c, "type": t} for c, t in status.as_text],
-        "ready": status.state == "active",
-        "backfill": status.backfill.as_json()
-        if status.state == "backfilling" and status.backfill is not None
-        else None,
-    }
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -131,7 +134,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def list_shapes(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    return web.json_response({"shapes": [shape_json(service, n) for n in sorted(service.shapes)]})
+    stalls = {s.name: s for s in service.stalled_shapes()}
+    shapes = [shape_json(service, n, stalls) for n in sorted(service.shapes)]
+    return web.json_response({"shapes": shapes})
 
 
 async def show_shape(request: web.Request) -> web.Response:
@@ -150,6 +155,8 @@ async def add_shape(request: web.Request) -> web.Response:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         return error(400, "the request body must be a JSON object with name and table")
+    except RecursionError:
+        return error(400, "the request body is nested too deeply to be a shape definition")
     if not isinstance(body, dict):
         return error(400, "the request body must be a JSON object with name and table")
     unknown = set(body) - {"name", "table", "where", "columns", "replica"}
@@ -160,12 +167,18 @@ async def add_shape(request: web.Request) -> web.Response:
         definition = ShapeDefinition.model_validate(body)
     except (ShapeError, ValidationError) as exc:
         return error(400, str(exc))
-    existing = service.registry.get(definition.name)
-    if existing is not None and existing.definition != definition:
-        return error(409, f"shape {definition.name!r} already exists with another definition: "
-                          "DELETE it first")  # fmt: skip
-    await service.add_shape(definition, origin="api")
-    return web.json_response(shape_json(service, definition.name), status=201)
+    async with request.app[MUTATIONS]:
+        existing = service.registry.get(definition.name)
+        if existing is not None and existing.definition != definition:
+            return error(409, f"shape {definition.name!r} already exists with another "
+                              "definition: DELETE it first")  # fmt: skip
+        try:
+            await service.add_shape(definition, origin="api")
+        except ReplicationError as exc:  # e.g. a table outside a publication we may not alter
+            return error(422, str(exc))
+        if definition.name not in service.shapes:
+            return error(409, f"shape {definition.name!r} was removed while it was being added")
+        return web.json_response(shape_json(service, definition.name), status=201)
 
 
 async def resync_shape(request: web.Request) -> web.Response:
@@ -173,10 +186,13 @@ async def resync_shape(request: web.Request) -> web.Response:
         return denied
     service = request.app[SERVICE]
     name = request.match_info["name"]
-    if name not in service.shapes:
-        return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
-    await service.resync_shape(name)
-    return web.json_response(shape_json(service, name), status=202)
+    async with request.app[MUTATIONS]:
+        if name not in service.shapes:
+            return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
+        await service.resync_shape(name)
+        if name not in service.shapes:
+            return error(409, f"shape {name!r} was removed while it was being resynced")
+        return web.json_response(shape_json(service, name), status=202)
 
 
 async def remove_shape(request: web.Request) -> web.Response:
@@ -184,10 +200,11 @@ async def remove_shape(request: web.Request) -> web.Response:
         return denied
     service = request.app[SERVICE]
     name = request.match_info["name"]
-    if name not in service.shapes and service.registry.get(name) is None:
-        return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
-    await service.remove_shape(name)
-    return web.Response(status=204)
+    async with request.app[MUTATIONS]:
+        if name not in service.shapes and service.registry.get(name) is None:
+            return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
+        await service.remove_shape(name)
+        return web.Response(status=204)
 
 
 def progress_json(service: Service) -> dict[str, Any]:
@@ -208,6 +225,7 @@ def progress_json(service: Service) -> dict[str, Any]:
             "lag_bytes": sample.lag_bytes,
             "replay_lag_s": sample.replay_lag_s,
             "sampled_at": sample.taken_at,
+            "age_s": round(max(0.0, time.time() - sample.taken_at), 1),
         }
     return {
         "phase": service.phase,
@@ -232,10 +250,17 @@ async def wait_progress(request: web.Request) -> web.Response:
         return error(400, "give the LSN to wait for: ?lsn=16/B374D848")
     except ValueError as exc:
         return error(400, str(exc))
+    text = request.query.get("timeout", "30")
     try:
-        timeout = min(float(request.query.get("timeout", "30")), MAX_WAIT_S)
+        timeout = float(text)
     except ValueError:
-        return error(400, "timeout must be a number of seconds")
+        timeout = math.nan
+    if not (math.isfinite(timeout) and 0 <= timeout <= MAX_WAIT_S):
+        return error(
+            400,
+            f"timeout={text!r} is not a number of seconds from 0 to {MAX_WAIT_S:g}: give "
+            "e.g. timeout=30, and wait again for longer",
+        )
     shape = request.query.get("shape")
     if shape is not None and shape not in service.shapes:
         return error(404, f"there is no shape {shape!r}; GET /v1/shapes lists them")
@@ -261,6 +286,7 @@ async def wait_progress(request: web.Request) -> web.Response:
 def build_app(service: Service) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=64 * 1024)
     app[SERVICE] = service
+    app[MUTATIONS] = asyncio.Lock()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -54,21 +54,23 @@ class Logic(Node):
         return self.items
 
     def emit(self, g: CodeGen) -> str:
+        # Flat, however many items: ``or`` stops at the first deciding item, so items
+        # after it are never evaluated; if none decides, every temporary is bound.
         decisive = "False" if self.conjunction else "True"
         other = "True" if self.conjunction else "False"
         names: list[str] = []
-        opens: list[str] = []
+        tests: list[str] = []
         for item in self.items:
             t = g.temp()
             names.append(t)
-            opens.append(f"({decisive} if ({t} := {item.emit(g)}) is {decisive} else ")
+            tests.append(f"({t} := {item.emit(g)}) is {decisive}")
         nulls = [n for n, i in zip(names, self.items, strict=True) if i.nullable]
         tail = (
             other
             if not nulls
             else (f"(None if {' or '.join(f'{n} is None' for n in nulls)} else {other})")
         )
-        return "".join(opens) + tail + ")" * len(opens)
+        return f"({decisive} if ({' or '.join(tests)}) else {tail})"
 
     def truth(self, g: CodeGen) -> str:
         joiner = " and " if self.conjunction else " or "

@@ -111,7 +111,12 @@ from tidemark.shapes.comparison import Compare, InSet, canonical_text
 from tidemark.shapes.identifiers import fold_identifier, quote_identifier
 from tidemark.shapes.logic import Logic
 from tidemark.shapes.operators import INT_RANGE
-from tidemark.shapes.predicate_parse import ParsedPredicate, parse_predicate
+from tidemark.shapes.predicate_parse import (
+    MAX_PREDICATE_DEPTH,
+    MAX_PREDICATE_TOKENS,
+    ParsedPredicate,
+    parse_predicate,
+)
 from tidemark.shapes.sqltypes import (
     BOOL,
     BPCHAR,
@@ -148,6 +153,8 @@ __all__ = [
     "INT2",
     "INT4",
     "INT8",
+    "MAX_PREDICATE_DEPTH",
+    "MAX_PREDICATE_TOKENS",
     "NUMERIC",
     "TEXT",
     "TIME",

@@ -10,6 +10,14 @@ sub-queries, aggregates, window functions, parameters, non-deterministic or unkn
 functions, unsupported operators, other tables' columns, several statements,
 collations other than ``"C"``/``"POSIX"``.
 
+Size is bounded before anything recurses over the text or the tree: at most
+``MAX_PREDICATE_TOKENS`` tokens, and at most ``MAX_PREDICATE_DEPTH`` levels of nesting
+(parentheses and function calls, NOT, unary minus, casts, operators inside operators;
+a chain of ANDs or of ORs is one level however long, and so is an ``IN`` list). Deeper
+or larger predicates raise ``ShapeError`` giving the limit, so no stage after this one
+(sqlglot's parser, the typer, the code generator, Python's compiler) meets a tree
+deeper than it can take.
+
 Types are not looked at here; ``tidemark.shapes.typer`` does that against a table's
 columns. The tree is mutated only while parsing (``$$...$$`` strings become plain
 literals, comments are dropped), never afterwards.
@@ -23,9 +31,15 @@ from typing import Final
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
 
 from tidemark.errors import ShapeError
 from tidemark.shapes.identifiers import fold_identifier
+
+MAX_PREDICATE_DEPTH: Final = 32
+MAX_PREDICATE_TOKENS: Final = 50_000
+_OPENING: Final = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET})
+_CLOSING: Final = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET})
 
 COMPARISONS: Final[dict[type[exp.Expression], str]] = {
     exp.EQ: "=",
@@ -232,9 +246,12 @@ def parse_predicate(text: str, table: tuple[str, str] | None = None) -> ParsedPr
     if not text.strip():
         raise ShapeError("the shape predicate is empty: omit 'where' to take every row")
     try:
+        _check_size(text)
         parsed = sqlglot.parse(text, read="postgres")
     except (ParseError, TokenError) as e:
-        raise ShapeError(f"the shape predicate {text!r} is not valid SQL: {e}") from e
+        raise ShapeError(f"the shape predicate {_excerpt(text)!r} is not valid SQL: {e}") from e
+    except RecursionError:  # nesting without parentheses (NOT NOT ..., - - ...)
+        raise too_deep() from None
     statements = [s for s in parsed if s is not None]
     if len(statements) != 1:
         raise ShapeError(
@@ -243,6 +260,8 @@ def parse_predicate(text: str, table: tuple[str, str] | None = None) -> ParsedPr
         )
     tree = statements[0]
     assert isinstance(tree, exp.Expression)
+    if nesting_depth(tree) > MAX_PREDICATE_DEPTH:
+        raise too_deep()
     columns: set[str] = set()
     for node in list(tree.walk()):
         assert isinstance(node, exp.Expression)
@@ -269,6 +288,71 @@ def parse_predicate(text: str, table: tuple[str, str] | None = None) -> ParsedPr
         node.comments = None
     tree.comments = None
     return ParsedPredicate(text=text, tree=tree, columns_read=frozenset(columns))
+
+
+def too_deep() -> ShapeError:
+    return ShapeError(
+        f"the shape predicate is nested too deeply: at most {MAX_PREDICATE_DEPTH} levels of "
+        "parentheses, function calls, NOT, casts and operators inside operators are "
+        "supported (a chain of ANDs or ORs, or an IN list, counts as one level). Write it "
+        "flatter, e.g. one IN list or one OR chain instead of nested groups"
+    )
+
+
+def _excerpt(text: str, width: int = 200) -> str:
+    return text if len(text) <= width else f"{text[:width]}... ({len(text):,} characters)"
+
+
+def _check_size(text: str) -> None:
+    """Refuse too many tokens or too deep parentheses before sqlglot's (recursive)
+    parser sees the text; tokenizing is a loop."""
+    if len(text) > 20 * MAX_PREDICATE_TOKENS:  # tokens are rarely longer than this
+        raise _too_large(f"{len(text):,} characters")
+    tokens = sqlglot.tokenize(text, read="postgres")
+    if len(tokens) > MAX_PREDICATE_TOKENS:
+        raise _too_large(f"{len(tokens):,} tokens")
+    depth = 0
+    for token in tokens:
+        if token.token_type in _OPENING:
+            depth += 1
+            if depth > MAX_PREDICATE_DEPTH:
+                raise too_deep()
+        elif token.token_type in _CLOSING:
+            depth -= 1
+
+
+def _too_large(size: str) -> ShapeError:
+    return ShapeError(
+        f"the shape predicate is too large ({size}): at most {MAX_PREDICATE_TOKENS:,} tokens "
+        "(words, values, operators) are supported. A long list of values is best an IN "
+        "list; a very long one belongs in a table the shape's table can be joined with "
+        "upstream"
+    )
+
+
+def nesting_depth(tree: exp.Expression) -> int:
+    """Levels of nesting in ``tree`` (see the module docstring), walked without
+    recursion. Parentheses are transparent; a connective nested in the same connective
+    (a chain) adds no level."""
+    deepest = 0
+    # (node, its depth, the kind of the nearest enclosing node that is not a Paren)
+    stack: list[tuple[exp.Expression, int, type | None]] = [(tree, 1, None)]
+    while stack:
+        node, depth, enclosing = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > MAX_PREDICATE_DEPTH:
+            break
+        kind = type(node)
+        context = enclosing if kind is exp.Paren else kind
+        for child in node.iter_expressions():
+            child_kind = type(child)
+            if child_kind is exp.Paren or (
+                child_kind in (exp.And, exp.Or) and child_kind is context
+            ):
+                stack.append((child, depth, context))
+            elif not isinstance(child, exp.Identifier | exp.Literal | exp.DataType):
+                stack.append((child, depth + 1, context))
+    return deepest
 
 
 def _check_any_all(node: exp.Expression) -> None:
