@@ -8,9 +8,9 @@ STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup java test test-fast test-integration lint demo bench clean
+.PHONY: setup java prometheus test test-fast test-integration lint demo bench clean
 
-setup: java $(STAMP)
+setup: java prometheus $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,23 @@ java:
 		echo "tidemark needs Java 17 or newer for Spark (found: '$${v:-none}')."; \
 		echo "Install it, e.g. 'sudo apt-get install openjdk-17-jre-headless', or set JAVA_HOME."; \
 		exit 1; \
+	fi
+
+# The alert tests need promtool and a Prometheus server, and the source-side slot metrics
+# postgres_exporter (Debian: prometheus, prometheus-postgres-exporter). As root we install
+# them; otherwise the tests that need them are skipped and say why. Installing Debian's
+# prometheus package also enables its systemd service (started where systemd runs).
+prometheus:
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null \
+		&& command -v prometheus-postgres-exporter >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Prometheus, promtool and postgres_exporter (Debian packages)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends prometheus prometheus-postgres-exporter; \
+	else \
+		echo "note: promtool/prometheus/prometheus-postgres-exporter not found: the alert tests"; \
+		echo "will be skipped. Install them with 'sudo apt-get install prometheus"; \
+		echo "prometheus-postgres-exporter' (or run make setup as root)."; \
 	fi
 
 # Pure cores only: no Postgres, no Spark.

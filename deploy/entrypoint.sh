@@ -4,8 +4,24 @@
 # Settings come from TIDEMARK_* environment variables (a tidemark.toml only if
 # TIDEMARK_CONFIG names one). Before `run`, a local sink root must be writable: a
 # volume owned by another user otherwise fails deep inside Spark, so say it here.
+#
+# The image listens on all interfaces, where tidemark refuses to serve mutations
+# without an admin token. Without TIDEMARK_HTTP__ADMIN_TOKEN, a random token is
+# generated once into TIDEMARK_HTTP__ADMIN_TOKEN_FILE (mode 0600), which tidemark and
+# the CLI (`docker compose exec tidemark tidemark shapes ...`) read.
 # exec: tidemark becomes the process that gets SIGTERM, and stops cleanly on it.
 set -eu
+
+token_file="${TIDEMARK_HTTP__ADMIN_TOKEN_FILE:-}"
+if [ -z "${TIDEMARK_HTTP__ADMIN_TOKEN:-}" ] && [ -n "$token_file" ] && ! [ -s "$token_file" ]; then
+    if ! (umask 077 && od -An -N16 -tx1 /dev/urandom | tr -d ' \n' > "$token_file") 2>/dev/null; then
+        echo "tidemark-entrypoint: cannot write the admin token file $token_file: set" \
+            "TIDEMARK_HTTP__ADMIN_TOKEN, or TIDEMARK_HTTP__ADMIN_TOKEN_FILE to a writable path" >&2
+        exit 1
+    fi
+    echo "tidemark-entrypoint: no TIDEMARK_HTTP__ADMIN_TOKEN given: generated an admin token" \
+        "into $token_file (read it with: docker compose exec tidemark cat $token_file)" >&2
+fi
 
 if [ "$#" -eq 0 ]; then
     set -- run

@@ -5,8 +5,9 @@ declared shapes; ``shapes``, ``status`` and ``wait`` talk to a running service o
 its HTTP API; ``read`` reads a shape's table straight from the sink with Spark;
 ``demo`` runs everything on embedded defaults.
 
-Exit codes: 0 success, 1 a clear error (printed on stderr), 2 usage, 3 a wait that
-timed out, 4 ``config check`` found problems.
+Exit codes: 0 success, 1 a clear error (printed on stderr), 2 a usage or configuration
+error (a bad argument, an unreadable or invalid settings file or variable), 3 a wait
+that timed out, 4 ``config check`` found problems. Bad input never ends in a traceback.
 """
 
 from __future__ import annotations
@@ -22,8 +23,18 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from tidemark.cli_args import (
+    count,
+    duration,
+    lsn_text,
+    port,
+    positive_seconds,
+    service_url,
+    url_arg,
+    wait_seconds,
+)
 from tidemark.config import Settings
-from tidemark.errors import TidemarkError
+from tidemark.errors import ConfigError, TidemarkError
 from tidemark.lsn import Lsn, format_lsn
 
 
@@ -52,7 +63,13 @@ class Api:
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw = response.read()
-                return response.status, json.loads(raw) if raw else None
+                try:
+                    return response.status, json.loads(raw) if raw else None
+                except ValueError:
+                    raise TidemarkError(
+                        f"{self.url} answered {path} with something that is not JSON: is "
+                        "--url (or [http] host/port) the tidemark API?"
+                    ) from None
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
@@ -64,17 +81,33 @@ class Api:
                 f"cannot reach tidemark at {self.url} ({exc.reason}): is `tidemark run` up, "
                 "and is --url (or [http] host/port) right?"
             ) from exc
+        except OSError as exc:  # a timeout or a reset while reading the answer
+            raise TidemarkError(
+                f"tidemark at {self.url} did not answer {method} {path} ({exc}): is it "
+                "overloaded or stopping? Try again, or check its log"
+            ) from exc
 
 
 def _api(args: argparse.Namespace) -> Api:
-    url = args.url or os.environ.get("TIDEMARK_URL")
-    token = args.token or os.environ.get("TIDEMARK_HTTP__ADMIN_TOKEN")
+    url = args.url or os.environ.get("TIDEMARK_URL") or None
+    if url is not None:
+        url = service_url(url)
+    # an empty variable means "not set" (compose passes ${TIDEMARK_ADMIN_TOKEN:-})
+    token = args.token or os.environ.get("TIDEMARK_HTTP__ADMIN_TOKEN") or None
     if url is None or token is None:
         settings = _settings(args)
-        host = settings.http.host if settings.http.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        host = settings.http.host
+        if host in ("", "0.0.0.0", "::"):
+            host = "127.0.0.1"
+        elif ":" in host:
+            host = f"[{host}]"
         url = url or f"http://{host}:{settings.http.port}"
-        token = token if token is not None else settings.http.admin_token
+        token = token or settings.http.admin_token
     return Api(url, token or None)
+
+
+def _shape_path(name: str) -> str:
+    return "/v1/shapes/" + urllib.parse.quote(name, safe="")
 
 
 def _check(status: int, body: Any, ok: tuple[int, ...] = (200,)) -> Any:
@@ -91,7 +124,8 @@ def _lsn(value: dict[str, Any] | None) -> str:
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+    lines = [line(header), line(["-" * w for w in widths]), *map(line, rows)]
+    return "\n".join(text.rstrip() for text in lines)
 
 
 # -- commands --------------------------------------------------------------------------
@@ -103,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = _settings(args, require_dsn=True)
     configure_logging(settings.log_format, settings.log_level)
-    asyncio.run(Service(settings).run())
+    asyncio.run(Service(settings, config_path=args.config).run())
     return 0
 
 
@@ -139,12 +173,12 @@ def cmd_shapes(args: argparse.Namespace) -> int:
         ]
         print(_table(rows, ["shape", "table", "where", "state", "frontier", "rows"]))
     elif args.action == "show":
-        print(json.dumps(_check(*api.call("GET", f"/v1/shapes/{args.name}")), indent=2))
+        print(json.dumps(_check(*api.call("GET", _shape_path(args.name))), indent=2))
     elif args.action == "remove":
-        _check(*api.call("DELETE", f"/v1/shapes/{args.name}"), ok=(204,))
+        _check(*api.call("DELETE", _shape_path(args.name)), ok=(204,))
         print(f"shape {args.name} removed (its table stays under the sink root)")
     elif args.action == "resync":
-        _check(*api.call("POST", f"/v1/shapes/{args.name}/resync"), ok=(202,))
+        _check(*api.call("POST", _shape_path(args.name) + "/resync"), ok=(202,))
         print(f"shape {args.name} is being rebuilt from a fresh snapshot")
         if args.wait:
             return _wait_ready(api, args.name, args.timeout)
@@ -153,7 +187,9 @@ def cmd_shapes(args: argparse.Namespace) -> int:
         if args.where:
             body["where"] = args.where
         if args.columns:
-            body["columns"] = [c.strip() for c in args.columns.split(",") if c.strip()]
+            from tidemark.shapes.column_casts import split_column_list  # keeps startup light
+
+            body["columns"] = split_column_list(args.columns)
         if args.replica:
             body["replica"] = args.replica
         shape = _check(*api.call("POST", "/v1/shapes", body), ok=(200, 201))
@@ -166,9 +202,9 @@ def cmd_shapes(args: argparse.Namespace) -> int:
 def _wait_ready(api: Api, name: str, timeout: float) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        shape = _check(*api.call("GET", f"/v1/shapes/{name}"))
+        shape = _check(*api.call("GET", _shape_path(name)))
         progress = shape.get("backfill")
-        if shape["state"] in ("error", "resync_needed"):
+        if shape["state"] == "error":
             print(f"\nshape {name} is {shape['state']}: {shape['error']}", file=sys.stderr)
             return 1
         if shape.get("ready"):
@@ -183,38 +219,114 @@ def _wait_ready(api: Api, name: str, timeout: float) -> int:
     return 3
 
 
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover (the loop returns)
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m {int(s % 60)}s"
+    return f"{int(s // 3600)}h {int(s % 3600 // 60)}m"
+
+
+def _shape_row(s: dict[str, Any]) -> list[str]:
+    lag = "-"
+    if s.get("lag_bytes") is not None:
+        lag = f"{human_bytes(s['lag_bytes'])}, {human_seconds(s.get('lag_s'))}"
+    backfilled = s.get("rows_backfilled")
+    rows = f"{'-' if backfilled is None else f'{backfilled:,}'} + {s['rows_committed']:,}"
+    last = s.get("last_commit")
+    return [
+        s["name"],
+        s["state"] + (" (stalled)" if s.get("stalled") else ""),
+        _lsn(s["frontier"]),
+        lag,
+        rows,
+        f"{s['pending_rows']:,}",
+        f"{human_seconds(last['age_s'])} ago" if last else "never",
+        _continuity(s.get("continuity")),
+        s.get("reason") or "-",
+    ]
+
+
+def _continuity(c: dict[str, Any] | None) -> str:
+    """Since when and from which LSN the table is continuous; else the last
+    invalidation (when and why its previous claim ended)."""
+    if not c:
+        return "-"
+    if c.get("since"):
+        return f"since {c['since']} from {_lsn(c.get('from'))}"
+    last = c.get("last_invalidation")
+    if last:
+        return f"no claim: {last['reason']} at {last['at']}"
+    return "no claim yet"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     api = _api(args)
     progress = _check(*api.call("GET", "/v1/progress"))
     shapes = _check(*api.call("GET", "/v1/shapes"))["shapes"]
+    ready = _check(*api.call("GET", "/readyz"), ok=(200, 503))
     pg = progress.get("postgres") or {}
-    print(f"phase      {progress['phase']}")
-    print(f"received   {_lsn(progress['received'])}")
-    print(f"flushed    {_lsn(progress['flushed'])}   (acknowledged to Postgres)")
-    print(f"applied    {_lsn(progress['applied'])}")
+    verdict = "ready" if ready["ready"] else "NOT READY"
+    waiting = [s["name"] for s in shapes if not s.get("ready")]
+    if waiting:  # readiness is about the service: a backfill is normal operation
+        verdict += f"; {len(waiting)} of {len(shapes)} shape(s) not ready yet (below)"
+    print(f"tidemark at {api.url}: {progress['phase']}, {verdict}")
+    for reason in ready.get("reasons", []):
+        print(f"  - {reason}")
+    print(f"  received      {_lsn(progress['received'])}  (from the replication stream)")
     print(
-        f"pg replay  {_lsn(pg.get('replay'))}   confirmed_flush {_lsn(pg.get('confirmed_flush'))}"
-        f"   current {_lsn(pg.get('current_wal'))}   wal_status {pg.get('wal_status')}"
+        f"  acknowledged  {_lsn(progress['flushed'])}  (committed in every shape; "
+        "Postgres may recycle WAL before it)"
     )
-    if pg.get("retained_wal_bytes") is not None:
-        print(f"retained   {pg['retained_wal_bytes']:,} bytes of WAL held by the slot")
-    current = (pg.get("current_wal") or {}).get("value")
-    rows = []
-    for s in shapes:
-        frontier = (s.get("frontier") or {}).get("value")
-        lag = f"{current - frontier:,}" if current is not None and frontier is not None else "-"
-        rows.append(
-            [
-                s["name"],
-                s["state"],
-                _lsn(s["frontier"]),
-                lag,
-                str(s["rows_committed"]),
-                str(s["pending_rows"]),
-            ]
+    if pg and pg.get("confirmed_flush") is not None:
+        safe = pg.get("safe_wal_size")
+        print(
+            f"  postgres      (sampled {human_seconds(pg.get('age_s'))} ago) current WAL "
+            f"{_lsn(pg.get('current_wal'))}, slot confirmed {_lsn(pg.get('confirmed_flush'))} "
+            f"({human_bytes(pg.get('lag_bytes'))} behind), replay lag "
+            f"{human_seconds(pg.get('replay_lag_s'))}, wal_status {pg.get('wal_status') or '-'}"
+        )
+        print(
+            f"  retained WAL  {human_bytes(pg.get('retained_wal_bytes'))} kept by the slot; "
+            f"safe_wal_size {'unlimited' if safe is None else human_bytes(safe)}"
+        )
+    else:
+        print(
+            "  postgres      no sample of the slot yet (the monitor looks every monitor.period_s)"
         )
     print()
-    print(_table(rows, ["shape", "state", "frontier", "lag bytes", "rows", "pending"]))
+    header = [
+        "shape",
+        "state",
+        "frontier",
+        "lag (bytes, time)",
+        "rows: snapshot + changes",
+        "pending",
+        "last commit",
+        "continuous",
+        "why not ready",
+    ]
+    print(_table([_shape_row(s) for s in shapes], header) if shapes else "no shapes yet")
+    if shapes:
+        print(
+            "\nlag: received minus the shape's frontier, and how long the oldest transaction"
+            " it lacks has waited.\nrows: written by its last backfill (the snapshot), plus"
+            " the changes committed since tidemark started.\ncontinuous: since when (and from"
+            " which snapshot LSN) the table holds every change of this stream; a shape without"
+            " a claim is being rebuilt, and says why its last claim ended."
+        )
     for v in progress.get("violations", []):
         print(f"VIOLATION {v['kind']}: {v['message']}")
     return 0
@@ -222,7 +334,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     api = _api(args)
-    Lsn.parse(args.lsn)  # a clear error before the request
     query = {"lsn": args.lsn, "timeout": str(args.timeout)}
     if args.shape:
         query["shape"] = args.shape
@@ -243,11 +354,20 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def cmd_read(args: argparse.Namespace) -> int:
     from tidemark import read
+    from tidemark.errors import SinkError
+    from tidemark.sink.table import ShapeTable
     from tidemark.spark import build_session
 
-    root = args.root or _settings(args).sink.root
+    settings = _settings(args)
+    root = args.root or settings.sink.root
     as_of = int(Lsn.parse(args.as_of)) if args.as_of else None
-    spark = build_session(app_name="tidemark-read")
+    if not ShapeTable(root, args.shape).exists():  # say so before Spark's JVM starts
+        raise SinkError(
+            f"shape '{args.shape}' has no table under {root}: is the name right, and has "
+            "tidemark committed anything for it yet?"
+        )
+    cfg = settings.spark  # the configured Spark: local, a cluster, or Spark Connect
+    spark = build_session(cfg.master, cfg.conf, "tidemark-read", cfg.remote)
     if args.changelog:
         frame = read.changelog(spark, root, args.shape).orderBy("_lsn", "_op")
         if as_of is not None:
@@ -291,7 +411,9 @@ def parser() -> argparse.ArgumentParser:
     )
 
     def api_args(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--url", help="service URL (default from [http] or $TIDEMARK_URL)")
+        q.add_argument(
+            "--url", type=url_arg, help="service URL (default from [http] or $TIDEMARK_URL)"
+        )
         q.add_argument("--token", help="admin token (default from [http] admin_token)")
 
     shapes = sub.add_parser("shapes", help="add, list, show, remove shapes")
@@ -300,17 +422,21 @@ def parser() -> argparse.ArgumentParser:
     add.add_argument("name")
     add.add_argument("--table", required=True, help="schema.table")
     add.add_argument("--where", help="SQL predicate")
-    add.add_argument("--columns", help="comma-separated columns (primary key is always in)")
+    add.add_argument(
+        "--columns",
+        help="comma-separated columns (primary key is always in); 'amount::numeric(18,4)' "
+        "or 'x::text' declares a column's lake type",
+    )
     add.add_argument("--replica", choices=["default", "full"])
     add.add_argument("--wait", action="store_true", help="wait until the shape is ready")
-    add.add_argument("--timeout", type=float, default=600.0)
+    add.add_argument("--timeout", type=positive_seconds, default=600.0)
     for name in ("list", "show", "remove", "resync"):
         q = shapes_sub.add_parser(name, help=f"{name} shape(s)")
         if name != "list":
             q.add_argument("name")
         if name == "resync":
             q.add_argument("--wait", action="store_true", help="wait until the shape is ready")
-            q.add_argument("--timeout", type=float, default=600.0)
+            q.add_argument("--timeout", type=positive_seconds, default=600.0)
     for q in [add, *(shapes_sub.choices[n] for n in ("list", "show", "remove", "resync"))]:
         api_args(q)
     shapes.set_defaults(func=cmd_shapes)
@@ -320,34 +446,83 @@ def parser() -> argparse.ArgumentParser:
     status.set_defaults(func=cmd_status)
 
     wait = sub.add_parser("wait", help="wait until an LSN is replayed (and in a shape)")
-    wait.add_argument("--lsn", required=True)
+    wait.add_argument("--lsn", required=True, type=lsn_text)
     wait.add_argument("--shape")
-    wait.add_argument("--timeout", type=float, default=60.0)
+    wait.add_argument("--timeout", type=wait_seconds, default=60.0)
     api_args(wait)
     wait.set_defaults(func=cmd_wait)
 
     read = sub.add_parser("read", help="print a shape's rows from the lake (Spark)")
     read.add_argument("shape")
-    read.add_argument("--as-of", help="LSN to read as of (default: everything committed)")
+    read.add_argument(
+        "--as-of", type=lsn_text, help="LSN to read as of (default: everything committed)"
+    )
     read.add_argument("--root", help="sink root (default from [sink] root)")
-    read.add_argument("--limit", type=int, default=50, help="rows to print (0: all)")
+    read.add_argument("--limit", type=count, default=50, help="rows to print (0: all)")
     read.add_argument("--changelog", action="store_true", help="every change, not the state")
     read.set_defaults(func=cmd_read)
 
     demo = sub.add_parser("demo", help="embedded Postgres + Spark local, with a workload")
-    demo.add_argument("--duration", type=float, default=45.0, help="seconds (0: until Ctrl-C)")
+    demo.add_argument("--duration", type=duration, default=45.0, help="seconds (0: until Ctrl-C)")
     demo.add_argument("--data", default="./demo-data", help="where the tables go")
-    demo.add_argument("--port", type=int, default=8765, help="HTTP API port (0: any free)")
+    demo.add_argument("--port", type=port, default=8765, help="HTTP API port (0: any free)")
     demo.set_defaults(func=cmd_demo)
     return p
+
+
+def _source_error(exc: BaseException) -> str | None:
+    """A message for Postgres refusing us (unreachable, login, permission), else None."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        return None
+    from tidemark.conninfo import redact_text
+
+    text = redact_text(str(exc).strip(), os.environ.get("TIDEMARK_SOURCE__DSN", ""))
+    if isinstance(exc, psycopg.OperationalError):
+        return (
+            f"cannot connect to the source database: {text}\n"
+            "Check [source] dsn (TIDEMARK_SOURCE__DSN) and that PostgreSQL runs and accepts "
+            "this login; `tidemark config check` tests the settings one by one"
+        )
+    if isinstance(exc, psycopg.Error):
+        return (
+            f"the source database refused an operation: {text}\n"
+            "`tidemark config check` tests the role's rights one by one"
+        )
+    return None
+
+
+def _spark_error(exc: BaseException) -> str | None:
+    """A message for Spark failing (to start, or a job), else None."""
+    module = type(exc).__module__
+    if not module.startswith(("pyspark", "py4j")):
+        return None
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return (
+        f"Spark failed: {first}\nCheck [spark] master and conf (TIDEMARK_SPARK__MASTER, "
+        "TIDEMARK_SPARK__CONF) and Java 17; the lines above (Spark's own log) say more"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"tidemark: {exc}", file=sys.stderr)
+        return 2
     except TidemarkError as exc:
         print(f"tidemark: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file or socket the command needed
+        print(f"tidemark: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        explained = _source_error(exc) or _spark_error(exc)
+        if explained is None:
+            raise
+        print(f"tidemark: {explained}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

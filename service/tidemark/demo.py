@@ -8,7 +8,8 @@
 3. Run the service (Spark local mode, tables under ``./demo-data``) while a
    workload inserts, updates (moving orders in and out of the predicates) and
    deletes in small transactions; print the acknowledged LSN, each shape's
-   frontier and row counts every few seconds.
+   frontier and the rows written to its table (its backfill's snapshot plus the
+   changes since) every few seconds.
 4. After ``--duration`` seconds or Ctrl-C: stop the workload, wait until every
    shape's frontier passes the last write, stop the service cleanly, and show that
    each shape's folded table equals the matching query on Postgres.
@@ -207,13 +208,22 @@ async def _run(settings: Any, spark: Any, dsn: str, duration_s: float) -> bool:
 
 
 def _print_progress(service: Any, stats: dict[str, int], elapsed: float) -> None:
+    """One line: transactions, the acknowledged LSN, and per shape its frontier and the
+    rows written to its table (its backfill's snapshot plus changes since)."""
+    from tidemark.api.shape_view import shape_json
+
     p = service.progress()
-    writers = service.scheduler.writers if service.scheduler else {}
-    shapes = "  ".join(
-        f"{name}={format_lsn(p.frontiers.get(name, 0))}/{writers[name].rows_committed}r"
-        for name in sorted(writers)
-    )
+    parts = []
+    for name in sorted(service.shapes):
+        shape = shape_json(service, name)
+        if shape["state"] == "backfilling":
+            backfill = shape["backfill"] or {}
+            parts.append(f"{name} backfilling ({backfill.get('rows_done', 0):,} rows so far)")
+            continue
+        rows = (shape["rows_backfilled"] or 0) + shape["rows_committed"]
+        frontier = shape["frontier"]["lsn"] if shape["frontier"] else "-"
+        parts.append(f"{name} {frontier} {rows:,} rows")
     print(
-        f"[{elapsed:5.0f}s] txns {stats['transactions']:>6}  acked {format_lsn(p.flushed_lsn)}"
-        f"  {shapes}"
+        f"[{elapsed:5.0f}s] txns {stats['transactions']:>6}  acked {format_lsn(p.flushed_lsn)}  "
+        + "  ".join(parts)
     )

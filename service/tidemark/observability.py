@@ -46,7 +46,8 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # sys.stderr looked up at each use, not bound once (it may be replaced later)
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
@@ -167,7 +168,9 @@ class Metrics:
             "tidemark_source_changes_total", "Source row changes received", registry=r
         )
         self.received_bytes = Counter(
-            "tidemark_received_bytes_total", "pgoutput bytes received", registry=r
+            "tidemark_received_bytes_total",
+            "Replication bytes received (XLogData messages, headers included)",
+            registry=r,
         )
         self.decode_errors = Counter(
             "tidemark_decode_errors_total", "Messages that could not be decoded", registry=r
@@ -187,6 +190,33 @@ class Metrics:
             "tidemark_invariant_violations_total",
             "Checks against Postgres that failed (e.g. ack beyond durable)",
             ["kind"],
+            registry=r,
+        )
+        self.maintenance_failures = Counter(
+            "tidemark_maintenance_failures_total",
+            "Compactions or vacuums that failed (retried at the next round)",
+            ["shape"],
+            registry=r,
+        )
+        self.flush_failures = Counter(
+            "tidemark_flush_failures_total",
+            "Flush or staging jobs that failed (retried with backoff)",
+            registry=r,
+        )
+        self.backfill_failures = Counter(
+            "tidemark_backfill_failures_total",
+            "Backfills that failed (retried with backoff)",
+            registry=r,
+        )
+        self.shape_failing = Gauge(
+            "tidemark_shape_failing",
+            "1 while a shape's flushes or backfill fail (retried; see /v1/shapes)",
+            ["shape"],
+            registry=r,
+        )
+        self.claim_invalidations = Counter(
+            "tidemark_claim_invalidations_total",
+            "Shape claims ended (removed, resync, stream gap): each is rebuilt",
             registry=r,
         )
         self.buffered_bytes = Gauge(
@@ -234,10 +264,12 @@ def refresh_metrics(service: Any) -> None:
         stats = client.stats
         m.streaming.set(1 if stats.connected and service.phase == "streaming" else 0)
         _set_counter(m.status_updates, stats.status_updates)
+        _set_counter(m.received_bytes, stats.bytes_received)
     scheduler = service.scheduler
     if scheduler is not None:
         m.buffered_bytes.set(scheduler.buffered_bytes)
         _set_counter(m.backpressure_waits, scheduler.stats.backpressure_waits)
+        _set_counter(m.flush_failures, scheduler.stats.job_failures)
         for name, writer in scheduler.writers.items():
             buf = writer.buffer
             m.shape_pending_rows.labels(name).set(buf.ready_rows + buf.open_rows)
@@ -247,18 +279,15 @@ def refresh_metrics(service: Any) -> None:
     for name, frontier in progress.frontiers.items():
         m.shape_frontier_lsn.labels(name).set(frontier)
         m.shape_lag_bytes.labels(name).set(max(0, progress.received_lsn - frontier))
-    import time
-
-    stalled = {
-        s.name
-        for s in service.tracker.stalled_shapes(
-            time.monotonic(), service.settings.monitor.stall_grace_s
-        )
-    }
-    states: dict[str, int] = dict.fromkeys(("backfilling", "active", "error", "resync_needed"), 0)
-    for name, status in service.shapes.items():
+    stalled = {s.name for s in service.stalled_shapes()}
+    states: dict[str, int] = dict.fromkeys(("backfilling", "catching_up", "active", "error"), 0)
+    for name in service.shapes:
         m.shape_stalled.labels(name).set(1 if name in stalled else 0)
-        states[status.state] = states.get(status.state, 0) + 1
+        state, _ = service.shape_state(name)
+        m.shape_failing.labels(name).set(1 if state == "error" else 0)
+        states[state] = states.get(state, 0) + 1
+    _set_counter(m.backfill_failures, service.shapeset.backfill_failures)
+    _set_counter(m.claim_invalidations, service.store.invalidations_total)
     for state, count in states.items():
         m.shapes.labels(state).set(count)
     collector = service.collector

@@ -14,6 +14,8 @@ import pytest
 
 from tidemark import cli
 from tidemark.lsn import Lsn
+from tidemark.shapes.model import ShapeDefinition
+from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
@@ -149,7 +151,7 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
         )
         assert code == 0 and "reached" in out
         code, out = await asyncio.to_thread(run, "status", "--url", url)
-        assert code == 0 and "t_all" in out and "flushed" in out
+        assert code == 0 and "t_all" in out and "acknowledged" in out
         code, out = await asyncio.to_thread(
             run, "shapes", "add", "t_one", "--table", "public.t", "--where", "id = 1", "--url", url
         )
@@ -184,6 +186,87 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
         assert code == 3
 
 
+async def test_status_shows_rows_lag_last_commit_and_why_a_shape_is_not_ready(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+) -> None:
+    # given a shape filled by its backfill (200 rows), then 2 rows from the stream
+    pg_db.execute(
+        "create table t (id int primary key, v text);"
+        "insert into t select g, 'x' from generate_series(1, 200) g"
+    )
+    settings = settings_for(
+        pg_db.dsn,
+        str(tmp_path),
+        [{"name": "t_all", "table": "public.t"}],
+        monitor={"period_s": 0.5, "stall_grace_s": 1.0},
+    )
+    async with running_service(settings, spark) as service:
+        url = f"http://127.0.0.1:{service.http_port}"
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        pg_db.execute("insert into t values (201, 'y'), (202, 'z')")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+
+        def status() -> str:
+            capsys.readouterr()
+            assert cli.main(["status", "--url", url]) == 0
+            return capsys.readouterr().out
+
+        # then the API and `tidemark status` count the backfilled rows too
+        shape = (await call(service, "GET", "/v1/shapes/t_all"))[1]
+        assert (shape["rows_backfilled"], shape["rows_committed"]) == (200, 2)
+        assert shape["ready"] is True and shape["reason"] is None and shape["stalled"] is False
+        assert shape["lag_bytes"] >= 0 and shape["lag_s"] >= 0
+        assert 0 <= shape["last_commit"]["age_s"] < 120
+        out = await asyncio.to_thread(status)
+        (line,) = [row for row in out.splitlines() if row.startswith("t_all ")]
+        assert "active" in line and "200 + 2" in line and " ago" in line
+        since = shape["continuity"]["since"]
+        assert since and f"since {since} from {shape['continuity']['from']['lsn']}" in line
+        assert line.rstrip().endswith("-")  # nothing keeps it from being ready
+        assert "streaming, ready" in out and "received" in out and "acknowledged" in out
+
+        # when a new shape cannot start its backfill (its writer is held)
+        assert service.scheduler is not None
+        await service.add_shape(ShapeDefinition(name="t_new", table="public.t", where="id > 100"))
+        async with service.scheduler.exclusive(service.scheduler.writers["t_new"]):
+            shape = (await call(service, "GET", "/v1/shapes/t_new"))[1]
+            assert shape["state"] == "backfilling" and shape["ready"] is False
+            assert shape["reason"].startswith("waiting for its backfill")
+            assert shape["frontier"] is None and shape["lag_bytes"] is None
+            out = await asyncio.to_thread(status)
+            (line,) = [row for row in out.splitlines() if row.startswith("t_new ")]
+            assert "backfilling" in line and "waiting for its backfill" in line
+            assert "no claim yet" in line  # a new shape: no table to be continuous yet
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        shape = (await call(service, "GET", "/v1/shapes/t_new"))[1]
+        assert shape["rows_backfilled"] == 102 and shape["reason"] is None
+
+        # when a shape with data to flush is held past monitor.stall_grace_s
+        pg_db.execute("insert into t values (300, 'held')")
+        async with service.scheduler.exclusive(service.scheduler.writers["t_all"]):
+            async with asyncio.timeout(60):
+                while not (shape := (await call(service, "GET", "/v1/shapes/t_all"))[1])["stalled"]:
+                    await asyncio.sleep(0.2)
+            # then it says so, and why that matters
+            assert shape["ready"] is True  # readable up to its frontier, but holding WAL
+            assert shape["reason"].startswith("stalled: owes a flush")
+            assert shape["pending_rows"] == 1
+            out = await asyncio.to_thread(status)
+            (line,) = [row for row in out.splitlines() if row.startswith("t_all ")]
+            assert "active (stalled)" in line and "stalled: owes a flush" in line
+            assert "NOT READY" in out and "shape t_all has held the flush boundary" in out
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        shape = (await call(service, "GET", "/v1/shapes/t_all"))[1]
+        assert shape["stalled"] is False and shape["rows_committed"] == 3
+    result = compare_shape(
+        spark, str(tmp_path), "t_new", "select * from t where id > 100", pg_db.dsn
+    )
+    assert result.equal, result.describe()
+
+
 def test_config_check_passes_on_a_good_setup_and_explains_a_bad_shape(
     pg_db: PgDatabase,
     tmp_path: Path,
@@ -211,7 +294,7 @@ def test_missing_dsn_and_unreachable_service_are_clear_errors(
 ) -> None:
     monkeypatch.setenv("TIDEMARK_CONFIG", str(tmp_path / "absent.toml"))
     monkeypatch.delenv("TIDEMARK_SOURCE__DSN", raising=False)
-    assert cli.main(["run"]) == 1
+    assert cli.main(["run"]) == 2  # a configuration error
     assert "source.dsn is not set" in capsys.readouterr().err
     assert cli.main(["status", "--url", "http://127.0.0.1:9"]) == 1
     assert "cannot reach tidemark" in capsys.readouterr().err

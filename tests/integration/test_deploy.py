@@ -114,6 +114,10 @@ def compose_tidemark_env(shop: Shop, sink: Path, port: int) -> dict[str, str]:
     )
     env["TIDEMARK_SINK__ROOT"] = str(sink)
     env["TIDEMARK_HTTP__PORT"] = str(port)
+    # the container's home: where the entrypoint writes the admin token it generates
+    env["TIDEMARK_HTTP__ADMIN_TOKEN_FILE"] = str(sink.parent / "admin-token")
+    assert env["PYSPARK_PYTHON"] == "/opt/tidemark/bin/python"  # the image's virtualenv
+    env["PYSPARK_PYTHON"] = sys.executable  # ... which, here, is ours
     return env
 
 
@@ -147,6 +151,7 @@ async def test_every_metric_the_alerts_and_dashboard_use_is_in_a_running_service
     # given tidemark with the compose environment (API on any free loopback port)
     env = compose_tidemark_env(shop, tmp_path / "data", 0)
     env |= {"TIDEMARK_HTTP__HOST": "127.0.0.1", "TIDEMARK_MONITOR__PERIOD_S": "0.5"}
+    Path(env["TIDEMARK_HTTP__ADMIN_TOKEN_FILE"]).write_text("a-token\n")
     settings = settings_from(env, monkeypatch, tmp_path)
     service = Service(settings, spark=spark)
     task = asyncio.create_task(service.run())
@@ -221,6 +226,18 @@ def http_get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def http_post(url: str, body: Any, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
 def wait_for(
     condition: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float
 ) -> None:
@@ -273,6 +290,13 @@ def test_the_container_entrypoint_serves_the_compose_environment_and_stops_clean
             check=False,
         )
         assert check.returncode == 0, check.stdout
+        # reads need no token, mutations need the one the entrypoint generated
+        token = Path(tidemark_env["TIDEMARK_HTTP__ADMIN_TOKEN_FILE"]).read_text().strip()
+        assert len(token) == 32
+        assert http_get(url + "/metrics")[0] == 200
+        assert http_post(url + "/v1/shapes", {"name": "x"})[0] == 401
+        assert http_post(url + "/v1/shapes", {"name": "x"}, "wrong")[0] == 403
+        assert http_post(url + "/v1/shapes", {"name": "x"}, token)[0] == 400  # no table
         # when the compose workload script runs a few ticks
         db = urlsplit(shop.db.dsn)
         workload = subprocess.run(

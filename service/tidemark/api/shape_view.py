@@ -1,0 +1,150 @@
+"""What the API says about a shape: its definition, state, and what an operator asks
+first: is it ready, and if not, why; how far behind is it (bytes and seconds); how many
+rows did it get; when did it last commit.
+
+``not_ready_reason`` is pure (the sentence an operator reads, from the facts); ``shape_json``
+gathers the facts from the running service.
+
+Rows: ``rows_backfilled`` is what the shape's last backfill wrote (its snapshot; kept
+with its claim, so it survives restarts), ``rows_committed`` the change rows the stream
+committed since this process started. ``last_commit`` is the later of the last stream
+commit and the backfill's commit. ``continuity`` says since when and from which
+snapshot the table is continuous, on which stream, and the last time its claim ended.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from tidemark.lsn import format_lsn
+
+if TYPE_CHECKING:
+    from tidemark.app import Service
+    from tidemark.stalls import Stall
+
+
+def lsn_json(value: int | None) -> dict[str, Any] | None:
+    return None if value is None else {"lsn": format_lsn(value), "value": value}
+
+
+def not_ready_reason(
+    *,
+    phase: str,
+    state: str,
+    error: str | None,
+    backfill: dict[str, Any] | None,
+    stalled_s: float | None,
+    grace_s: float,
+) -> str | None:
+    """Why the shape is not ready, or what holds it back; None when all is well."""
+    if state == "backfilling":
+        why = f" ({backfill['reason']})" if backfill and backfill.get("reason") else ""
+        if not backfill or (backfill["chunks"] == 0 and backfill["rows_done"] == 0):
+            return f"waiting for its backfill{why} (one shape at a time, once the stream runs)"
+        done, estimated = backfill["rows_done"], backfill["rows_estimated"]
+        of = f" of about {estimated:,}" if estimated > done else ""
+        return (
+            f"backfilling: {done:,}{of} rows copied from its snapshot so far "
+            f"({backfill['elapsed_s']:.0f}s)"
+        )
+    if state == "catching_up":
+        return (
+            "its snapshot is in the table; waiting for the stream to be acknowledged past "
+            "it before it has a frontier"
+        )
+    if state == "error":
+        return f"failed: {error}"
+    if phase != "streaming":
+        return f"the service is not streaming (phase {phase})"
+    if stalled_s is not None:
+        return (
+            f"stalled: owes a flush and has made no progress for {stalled_s:.0f}s "
+            f"(monitor.stall_grace_s = {grace_s:g}); tidemark cannot acknowledge WAL past it"
+        )
+    return None
+
+
+def shape_json(
+    service: Service, name: str, stalls: dict[str, Stall] | None = None
+) -> dict[str, Any]:
+    """One shape as ``GET /v1/shapes/{name}`` shows it (``stalls``: computed once per
+    request when listing every shape)."""
+    now, mono = time.time(), time.monotonic()
+    status = service.shapes[name]
+    writer = service.scheduler.writers.get(name) if service.scheduler else None
+    if stalls is None:
+        stalls = {s.name: s for s in service.stalled_shapes()}
+    stall = stalls.get(name)
+    d = status.definition
+    frontier = service.frontier(name)
+    feedback = service.client.feedback if service.client else None
+    received = feedback.received if feedback else None
+    record = service.store.claim(name)
+    commits = [t for t in (service.last_commit_at.get(name), record and record.since) if t]
+    last_commit = max(commits) if commits else None
+    state, error = service.shape_state(name)
+    backfill = (
+        status.backfill.as_json()
+        if status.state in ("backfilling", "catching_up", "error") and status.backfill is not None
+        else None
+    )
+    return {
+        "name": name,
+        "table": d.table,
+        "where": d.where,
+        "columns": list(d.columns) if d.columns else None,
+        "replica": d.replica,
+        "origin": status.origin,
+        "state": state,
+        "error": error,
+        "ready": state == "active",
+        "reason": not_ready_reason(
+            phase=service.phase,
+            state=state,
+            error=error,
+            backfill=backfill,
+            stalled_s=None if stall is None else stall.seconds(mono),
+            grace_s=service.settings.monitor.stall_grace_s,
+        ),
+        "stalled": stall is not None,
+        "frontier": lsn_json(frontier),
+        "lag_bytes": None if frontier is None or received is None else max(0, received - frontier),
+        "lag_s": None if frontier is None else round(service.lag_seconds(frontier), 3),
+        "committed": lsn_json(writer.committed_lsn if writer else None),
+        "rows_backfilled": record.rows if record else None,
+        "rows_committed": writer.rows_committed if writer else 0,
+        "pending_rows": (writer.buffer.ready_rows + writer.buffer.open_rows) if writer else 0,
+        "last_commit": None
+        if last_commit is None
+        else {"at": round(last_commit, 3), "age_s": round(max(0.0, now - last_commit), 1)},
+        "columns_as_text": [{"column": c, "type": t} for c, t in status.as_text],
+        "backfill": backfill,
+        "continuity": continuity_json(service, name),
+    }
+
+
+def continuity_json(service: Service, name: str) -> dict[str, Any]:
+    """Since when, and from which stream position, the shape's table is continuous;
+    the stream it follows; and the last time its claim ended, and why."""
+    store = service.store
+    claim = store.claim(name)
+    stream = store.stream
+    last = store.last_invalidation(name)
+    return {
+        "since": None if claim is None else _iso(claim.since),
+        "from": lsn_json(None if claim is None else claim.snapshot_lsn),
+        "stream": None
+        if stream is None
+        else {
+            "system_id": stream.system_id,
+            "timeline": stream.timeline,
+            "slot": stream.slot,
+            "epoch": stream.epoch,
+        },
+        "last_invalidation": None if last is None else {"at": _iso(last.at), "reason": last.reason},
+    }
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
