@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-SECTIONS = ("replication", "decode", "flush", "routing", "sink", "e2e", "backfill")
+SECTIONS = ("replication", "decode", "flush", "routing", "sink", "e2e", "backfill", "cluster")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import backfill_bench
 
             backfill_bench.main(args.rows)
+        elif section == "cluster":
+            from bench import cluster_bench
+
+            cluster_bench.main(args.rows)
     print(f"\nbench finished in {time.perf_counter() - started:.0f}s")
     return status
 

@@ -41,7 +41,7 @@ from tidemark.errors import ConfigError
 Flavor = Literal["wheel", "system"]
 
 _PREFIX = "tidemark-pg-"
-_OWNER_FILE = "owner.pid"
+OWNER_FILE = "owner.pid"
 _UNPRIVILEGED_USERS = ("postgres", "tidemark-pg")
 _PR_SET_PDEATHSIG = 1
 
@@ -163,11 +163,11 @@ def _usable_install(bin_dir: Path, user: ServerUser | None) -> Path:
     return target
 
 
-def _remove_stale_clusters() -> None:
-    """Remove directories whose owning process died without cleaning up."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+def remove_stale_folders(prefix: str = _PREFIX) -> None:
+    """Remove temporary ``<prefix>*`` folders whose owner (``owner.pid``) has died."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         try:
-            owner = int((folder / _OWNER_FILE).read_text())
+            owner = int((folder / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue
         try:
@@ -178,10 +178,16 @@ def _remove_stale_clusters() -> None:
             pass
 
 
-def _die_with_parent() -> None:
-    """Runs in the server child: fast shutdown when the owning process dies."""
+def die_with_parent(sig: int = signal.SIGINT) -> None:
+    """A ``preexec_fn``: the child gets ``sig`` when the thread that started it dies
+    (Postgres: SIGINT, a fast shutdown; a JVM or tidemark: SIGTERM, a clean stop).
+
+    ``sig`` is reset to its default first: a child of a background shell job inherits
+    SIGINT ignored, and a JVM keeps an inherited ignored signal ignored.
+    """
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
+    libc.signal(sig, 0)  # SIG_DFL; through libc, as Python's own signal() is off-limits here
+    libc.prctl(_PR_SET_PDEATHSIG, sig)
 
 
 class EmbeddedPostgres:
@@ -250,11 +256,11 @@ class EmbeddedPostgres:
     # -- lifecycle ----------------------------------------------------------
 
     def start(self, timeout: float = 60.0) -> EmbeddedPostgres:
-        _remove_stale_clusters()
+        remove_stale_folders()
         self._user = _server_user()
         self.bin_dir = _usable_install(self._source_bin_dir, self._user)
         self.dir = Path(tempfile.mkdtemp(prefix=_PREFIX))
-        (self.dir / _OWNER_FILE).write_text(str(os.getpid()))
+        (self.dir / OWNER_FILE).write_text(str(os.getpid()))
         os.chmod(self.dir, 0o755)
         if self._user is not None:
             os.chown(self.dir, self._user.uid, self._user.gid)
@@ -329,7 +335,7 @@ class EmbeddedPostgres:
                 args,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 start_new_session=True,
             )
         finally:

@@ -1,10 +1,21 @@
 """The Spark session tidemark writes with.
 
-One session per process: local mode (``local[2]``) by default, any
-``spark.master`` by configuration. The Python workers must run the same
-interpreter as the service, so ``PYSPARK_PYTHON`` is set before the JVM starts.
+One session per process, of one of two kinds:
+
+* **classic** (``[spark] master``): tidemark is the Spark driver, with a JVM in its
+  process; local mode (``local[2]``) by default, or a cluster (``spark://host:7077``),
+  whose executors then write the Parquet files. Python workers (none of tidemark's
+  jobs start one: Arrow is decoded in the JVM and the fold is SQL) run the same
+  interpreter as the service: ``PYSPARK_PYTHON`` is set before the JVM starts.
+* **Spark Connect** (``[spark] remote = "sc://host:port"``): tidemark is a gRPC
+  client of a Spark Connect server; no JVM in tidemark's process. Only runtime SQL
+  settings (``spark.sql.*`` of ``DEFAULT_CONF`` and every key of ``[spark] conf``)
+  are sent to the server's session; static ones (memory, UI, ``spark.hadoop.*``)
+  belong on the server's own command line.
+
 Data goes in and out through Arrow (``createDataFrame(pyarrow.Table)``), never
-through pandas.
+through pandas. Whatever differs between the kinds is decided here
+(``is_connect``, ``arrow_parts``), so callers stay the same for both.
 """
 
 from __future__ import annotations
@@ -12,17 +23,35 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from tidemark.errors import ConfigError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 MIN_JAVA = 17
+CONNECT_DEFAULT_PORT = 15002
+# A Spark Connect server turns the Arrow it receives into rows in its driver's heap
+# before the job runs (measured with a 1 GiB driver, pyspark 4.3: 33 MB of Arrow
+# written, 50 MB ran out of memory), so one job gets at most this much; more rows
+# become several jobs appending to the same folder.
+CONNECT_JOB_BYTES = 16 * 1024 * 1024
+CONNECT_CONF: Mapping[str, str] = {
+    # Above this size the client uploads a table as an artifact that the server caches
+    # in its block manager for the whole session: a long-running writer would pile up
+    # every batch there (measured: the third 80 MB batch through one server exhausted
+    # its 1 GiB of direct memory). Below it the rows travel inside the plan, one gRPC
+    # message of at most CONNECT_JOB_BYTES (+ a little) against the 128 MiB limit of
+    # both the client and the server (spark.connect.grpc.maxInboundMessageSize).
+    "spark.sql.session.localRelationCacheThreshold": str(4 * CONNECT_JOB_BYTES),
+}
 
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.ui.enabled": "false",
@@ -30,6 +59,15 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
+    # Parquet timestamps as INT64 microseconds: Spark's default INT96 is read by plain
+    # Parquet/Delta readers (deltalake, pyarrow) as nanoseconds, which fails or
+    # overflows outside 1677-2262
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # dates and timestamps as they are, in the proleptic Gregorian calendar Postgres
+    # uses: no rebase into the old Julian/Gregorian hybrid, no exception before 1582
+    # (Spark 4's default; stated so that a cluster's spark-defaults cannot change it)
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
     # snappy: measured 25% faster than zstd per batch here (bench/sink_bench.py)
     "spark.sql.parquet.compression.codec": "snappy",
     "spark.sql.sources.commitProtocolClass": (
@@ -70,12 +108,72 @@ def check_java() -> None:
         )
 
 
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (no JVM, no sparkContext)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def arrow_parts(spark: Any, arrow: pa.Table) -> list[pa.Table]:
+    """``arrow`` cut into the pieces to send to Spark one job each.
+
+    Classic: the whole table (Arrow batches stream into the JVM). Connect: slices of
+    at most ``CONNECT_JOB_BYTES``, so a big batch does not exhaust the server's
+    driver. Each slice stays below ``CONNECT_CONF``'s cache threshold, so its rows
+    travel inside the job's plan: one gRPC message, far below the 128 MiB limit.
+    """
+    if not is_connect(spark) or arrow.nbytes <= CONNECT_JOB_BYTES or arrow.num_rows <= 1:
+        return [arrow]
+    pieces = -(-arrow.nbytes // CONNECT_JOB_BYTES)
+    step = -(-arrow.num_rows // pieces)
+    return [arrow.slice(start, step) for start in range(0, arrow.num_rows, step)]
+
+
+def connect_address(remote: str) -> tuple[str, int]:
+    """Host and port of an ``sc://host[:port][/;params]`` URL."""
+    parts = urlsplit(remote)
+    if parts.scheme != "sc" or not parts.hostname:
+        raise ConfigError(f"{remote!r} is not a Spark Connect URL: write sc://host:port")
+    return parts.hostname, parts.port or CONNECT_DEFAULT_PORT
+
+
+def check_connect(remote: str, timeout_s: float = 10.0) -> None:
+    """Raise ConfigError unless the Connect client is installed and the server answers.
+
+    The client itself retries an unreachable server for about ten minutes (right for a
+    server restarting under a running service, wrong for a typo at start), so the
+    address is tried once here first.
+    """
+    try:
+        import pyspark.sql.connect  # noqa: F401 - its import checks the client's packages
+    except ImportError as exc:
+        raise ConfigError(
+            f"[spark] remote needs pyspark's Spark Connect client ({exc}): install "
+            "tidemark with its `connect` extra (pip install 'tidemark[connect]')"
+        ) from None
+    host, port = connect_address(remote)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"no Spark Connect server answers at {host}:{port} ({exc}): start one "
+            "(sbin/start-connect-server.sh, or spark-submit --class "
+            "org.apache.spark.sql.connect.service.SparkConnectServer) or fix [spark] remote"
+        ) from None
+
+
 def build_session(
     master: str = "local[2]",
     conf: Mapping[str, str] | None = None,
     app_name: str = "tidemark",
+    remote: str = "",
 ) -> SparkSession:
-    """Create (or return the running) Spark session with tidemark's defaults."""
+    """Create (or return the running) Spark session with tidemark's defaults.
+
+    ``remote`` (an ``sc://`` URL) makes it a Spark Connect session and ``master`` is
+    not used.
+    """
+    if remote:
+        return _connect_session(remote, conf or {}, app_name)
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -87,3 +185,14 @@ def build_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def _connect_session(remote: str, conf: Mapping[str, str], app_name: str) -> SparkSession:
+    check_connect(remote)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(remote).appName(app_name)
+    runtime = {k: v for k, v in DEFAULT_CONF.items() if k.startswith("spark.sql.")}
+    for key, value in {**runtime, **CONNECT_CONF, **conf}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

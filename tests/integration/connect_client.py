@@ -1,0 +1,88 @@
+"""A Spark Connect client in its own process, for the Connect tests (a Connect
+session switches pyspark's whole process into Connect mode, so it cannot share the
+suite's process and its classic session). Prints one JSON line.
+
+``fold URL ROOT DSN TRUTH_JSON``: every shape folded through Connect
+(``tidemark.read``), compared with its query on Postgres (``compare_shape``).
+
+``write URL ROOT ROWS``: a batch of ROWS rows, tens of MB of Arrow, written through
+Connect by ``write_arrow`` into a new shape table ``big`` and committed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def fold(url: str, root: str, dsn: str, truth: dict[str, str]) -> dict[str, object]:
+    from tidemark.spark import build_session, is_connect
+    from tidemark.verify import compare_shape
+
+    spark = build_session(remote=url, app_name="tidemark-test-fold")
+    results = {
+        shape: compare_shape(spark, root, shape, query, dsn) for shape, query in truth.items()
+    }
+    return {
+        "connect": is_connect(spark),
+        "shapes": {
+            shape: {"equal": r.equal, "rows": len(r.got), "describe": r.describe()}
+            for shape, r in results.items()
+        },
+    }
+
+
+def write(url: str, root: str, rows: int) -> dict[str, object]:
+    from tests.integration.sink_support import ITEM_COLUMNS
+    from tidemark.sink.schema import table_schema
+    from tidemark.sink.table import ShapeTable
+    from tidemark.spark import arrow_parts, build_session, is_connect
+    from tidemark.writers.job import write_arrow
+
+    spark = build_session(remote=url, app_name="tidemark-test-write")
+    schema = table_schema(ITEM_COLUMNS)
+    ids = pa.array(range(rows), pa.int32())
+    arrow = pa.table(
+        {
+            "id": ids,
+            "name": pc.cast(ids, pa.string()),
+            "big": pa.array(["x" * 40] * rows),
+            "_lsn": pa.array([7] * rows, pa.int64()),
+            "_op": ids,
+            "_kind": pa.array(["insert"] * rows),
+            "_xid": pa.array([1] * rows, pa.int64()),
+            "_commit_ts": pa.nulls(rows, pa.timestamp("us", tz="UTC")),
+            "_unchanged": pa.nulls(rows, pa.list_(pa.string())),
+        },
+        schema=schema,
+    )
+    table = ShapeTable(root, "big")
+    table.create(schema, ["id"], {"name": "big"})
+    files = write_arrow(spark, table, schema, arrow)
+    version = table.commit(files, 7)
+    return {
+        "connect": is_connect(spark),
+        "arrow_bytes": arrow.nbytes,
+        "jobs": len(arrow_parts(spark, arrow)),
+        "files": len(files),
+        "version": version,
+    }
+
+
+def main(argv: list[str]) -> None:
+    command, url, root, *rest = argv
+    if command == "fold":
+        dsn, truth = rest
+        out = fold(url, root, dsn, json.loads(truth))
+    elif command == "write":
+        out = write(url, root, int(rest[0]))
+    else:
+        raise SystemExit(f"unknown command {command}")
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
