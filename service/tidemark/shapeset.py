@@ -43,7 +43,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 
-from tidemark.backfill.runner import BackfillProgress, BackfillSuperseded, run_backfill
+from tidemark.backfill.runner import (
+    BackfillProgress,
+    BackfillSuperseded,
+    CatalogMoved,
+    run_backfill,
+)
 from tidemark.collector import ShapeLogCollector
 from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ShapeConflict, ShapeError
@@ -370,25 +375,30 @@ class ShapeSet:
         try:
             async with self.scheduler.exclusive(writer):
                 writer.discard_buffered()
-            # bind to the table as it is now: DDL may have run since activation
-            await self._rebind(status)
-            bound = status.bound
-            assert bound is not None
-            replace = await asyncio.to_thread(
-                writer.table.needs_replacement, writer.schema, list(bound.primary_key)
-            )
-            fence, rows = await run_backfill(
-                dsn=self.settings.source.dsn,
-                shape=bound,
-                writer=writer,
-                spark=self.spark,
-                scheduler=self.scheduler,
-                paused=self._paused,
-                passed_invisible=self.collector.passed_invisible,
-                register=lambda fence: self._register(status, generation, fence),
-                progress=progress,
-                replace_schema=replace,
-            )
+            while True:
+                # bind to the table as it is now: DDL may have run since activation
+                await self._rebind(status)
+                bound = status.bound
+                assert bound is not None
+                replace = await asyncio.to_thread(
+                    writer.table.needs_replacement, writer.schema, list(bound.primary_key)
+                )
+                try:
+                    fence, rows = await run_backfill(
+                        dsn=self.settings.source.dsn,
+                        shape=bound,
+                        writer=writer,
+                        spark=self.spark,
+                        scheduler=self.scheduler,
+                        paused=self._paused,
+                        passed_invisible=self.collector.passed_invisible,
+                        register=lambda fence: self._register(status, generation, fence),
+                        progress=progress,
+                        replace_schema=replace,
+                    )
+                    break
+                except CatalogMoved:
+                    log.info("backfill.catalog_moved", shape=name)
         except BackfillSuperseded:
             log.info("backfill.superseded", shape=name)
             return

@@ -284,6 +284,38 @@ async def test_vacuum_full_during_a_backfill_waits_for_it(
     assert_equal(spark, tmp_path, "high", HIGH, pg_db.dsn)
 
 
+# -- 6b. a column added between binding a new shape and locking its table ---------------
+
+
+@one_server()
+async def test_a_column_added_just_before_the_snapshot_lock_is_in_the_snapshot(
+    pg_db: PgDatabase, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a shape bound to the catalog, and then (before its snapshot locks the table)
+    # a column added and filled by an update the snapshot will see and the stream skips
+    from tidemark.backfill import runner
+
+    make_items(pg_db, 1_000)
+    original = runner.begin_snapshot
+    moved: list[str] = []
+
+    async def alter_first(conn: Any, shape: Any) -> None:
+        if not moved:
+            moved.append(shape.name)
+            await pg_db.aexecute("alter table items add column region text")
+            await pg_db.aexecute("update items set region = 'us' where id % 3 = 0")
+        await original(conn, shape)
+
+    monkeypatch.setattr(runner, "begin_snapshot", alter_first)
+    async with running_service(settings_for(pg_db.dsn, str(tmp_path), []), spark) as service:
+        await service.add_shape(ShapeDefinition(**HIGH_SHAPE))
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        # then the backfill bound the shape again and read the new column's values
+        assert moved == ["high"]
+        assert [c.name for c in service.scheduler.writers["high"].columns][-1] == "region"
+    assert_equal(spark, tmp_path, "high", HIGH, pg_db.dsn)
+
+
 # -- 7. a commit streamed before it is visible (synchronous standby) ----------------------
 
 

@@ -127,6 +127,17 @@ async def take_snapshot(
     return Snapshot(fence, str(row[2]), relpages, reltuples)
 
 
+async def table_columns(conn: psycopg.AsyncConnection[tuple[object, ...]], oid: int) -> list[str]:
+    """The table's columns as the stream describes them (no dropped or generated
+    ones), in order, as the snapshot transaction on ``conn`` sees the catalog."""
+    cur = await conn.execute(
+        "select attname from pg_attribute where attrelid = %s and attnum > 0"
+        " and not attisdropped and attgenerated = '' order by attnum",
+        (oid,),
+    )
+    return [str(r[0]) for r in await cur.fetchall()]
+
+
 def plan_chunks(relpages: int, pages_per_chunk: int = PAGES_PER_CHUNK) -> list[Chunk]:
     """Page ranges covering the table; the last one is open-ended."""
     starts = list(range(0, max(relpages, 1), pages_per_chunk))

@@ -14,7 +14,13 @@ and invalidated its claim. Then:
    change with the snapshot's fence: transactions the snapshot holds are skipped,
    later ones applied. Nothing is processed while paused, so no transaction falls
    between the snapshot and the stream.
-   One exception is checked here: a commit the stream already passed that the
+   The table's columns are read again inside the snapshot: a column added or
+   dropped between binding the shape and taking the lock would be missing from
+   (or wrongly in) the snapshot's rows while the stream skips the transactions
+   that filled it, so the caller binds the shape again and starts over
+   (``CatalogMoved``). A type change needs no check here: the stream's Relation
+   message for it asks for a resync anyway.
+   One more exception is checked: a commit the stream already passed that the
    snapshot does not see (its commit record is in WAL, but it is not visible yet,
    e.g. waiting for a synchronous standby). Neither side would have it, so the
    snapshot is dropped and taken again, until no such commit exists.
@@ -55,6 +61,7 @@ from tidemark.backfill.reader import (
     connect_reader,
     import_snapshot,
     plan_chunks,
+    table_columns,
     take_snapshot,
 )
 from tidemark.shapes.model import BoundShape
@@ -73,6 +80,10 @@ RETAKE_MAX_S = 2.0
 
 class BackfillSuperseded(Exception):
     """A newer request for the shape (or its removal) replaced this backfill."""
+
+
+class CatalogMoved(Exception):
+    """The table's columns changed after the shape was bound: bind it again."""
 
 
 @dataclass
@@ -229,6 +240,11 @@ async def _snapshot(
             continue
         async with paused():
             snapshot = await take_snapshot(conn, shape)
+            columns = await table_columns(conn, shape.relation.oid)
+            if columns != [c.name for c in shape.relation.columns]:
+                for c in (conn, *readers):
+                    await c.execute("rollback")
+                raise CatalogMoved(shape.name)
             missed = passed_invisible(snapshot.fence.visible)
             if not missed:
                 for reader_conn in readers:
