@@ -45,6 +45,11 @@ class SinkError(TidemarkError):
     """A lake table cannot be written or read as the commit protocol requires."""
 
 
+class WriterFenced(SinkError):
+    """Another writer committed transactions a batch of this process also holds: this
+    process is no longer the table's writer and must not commit them again."""
+
+
 class InvariantViolation(TidemarkError):
     """Something we promised Postgres or readers did not hold (e.g. ack beyond durable)."""
 

@@ -17,6 +17,16 @@ checked; a batch at or below it was committed already (a replay) and is skipped.
 On start, that version is the shape's committed offset: the collector drops every
 transaction at or below it. Commits happen at transaction boundaries only.
 
+One writer (fencing): the check and the commit are one atomic step. The commit is
+made on the handle whose log version was checked, and deltalake's conflict
+checker refuses a commit carrying our app id when any commit since that version
+carried it too (tested in ``test_sink_fencing``: a blind rebase never happens for
+our app id). On that conflict the log is re-read and the check made again. A
+batch whose first transaction is at or below the table's version while its last
+is above it overlaps what another writer committed: ``WriterFenced``, and nothing
+of it is committed (one process never produces such a batch: it drops what the
+table holds, and its batches follow each other).
+
 The primary key is recorded in the schema itself (field metadata
 ``tidemark.primary_key`` = the column's position in the key), so a commit that
 replaces the schema replaces the key with it, atomically; the metadata
@@ -47,14 +57,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from tidemark.errors import SinkError
+from tidemark.errors import SinkError, WriterFenced
 from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
 
 log = structlog.get_logger("tidemark.sink")
 
 APP_PREFIX = "tidemark:"
+COMMIT_ATTEMPTS = 5
 
 
 def app_id_for(shape: str, epoch: int = 1) -> str:
@@ -255,22 +267,47 @@ class ShapeTable:
         files: Sequence[DataFile],
         end_lsn: int,
         metadata: Mapping[str, Any] | None = None,
+        *,
+        first_lsn: int | None = None,
     ) -> int | None:
-        """Add ``files`` in one commit tagged ``(app_id, end_lsn)``.
+        """Add ``files`` in one commit tagged ``(app_id, end_lsn)``; ``first_lsn`` is the
+        commit LSN of the batch's first transaction (default: ``end_lsn``).
 
         Returns the new table version, or None when ``end_lsn`` was committed already.
+        Raises ``WriterFenced`` when another writer committed part of the batch.
         """
+        first = end_lsn if first_lsn is None else first_lsn
+        custom = {"tidemark.endLsn": end_lsn, "tidemark.files": len(files), **(metadata or {})}
         with self._lock:
-            dt = self.table()
-            dt.update_incremental()
-            done = dt.transaction_version(self.app_id)
-            if done is not None and end_lsn <= done:
-                log.info(
-                    "commit.skipped_replay", shape=self.shape, end_lsn=end_lsn, committed_lsn=done
-                )
-                return None
-            custom = {"tidemark.endLsn": end_lsn, "tidemark.files": len(files), **(metadata or {})}
-            return self._write(dt, [], files, custom, end_lsn)
+            for attempt in range(1, COMMIT_ATTEMPTS + 1):
+                dt = self.table()
+                dt.update_incremental()
+                done = dt.transaction_version(self.app_id)
+                if done is not None and end_lsn <= done:
+                    log.info(
+                        "commit.skipped_replay",
+                        shape=self.shape,
+                        end_lsn=end_lsn,
+                        committed_lsn=done,
+                    )
+                    return None
+                if done is not None and first <= done:
+                    raise WriterFenced(
+                        f"shape '{self.shape}': another writer committed its table up to LSN "
+                        f"{done}, inside this batch ({first}..{end_lsn}): this process stops "
+                        "committing it. Run one tidemark per slot and sink root"
+                    )
+                try:
+                    return self._write(dt, [], files, custom, end_lsn)
+                except CommitFailedError as exc:
+                    # a commit with our app id landed since the check: check again
+                    log.warning(
+                        "commit.conflict", shape=self.shape, attempt=attempt, error=str(exc)
+                    )
+            raise SinkError(
+                f"shape '{self.shape}': {COMMIT_ATTEMPTS} commits in a row lost a race with "
+                "another writer of this table"
+            )
 
     def active_files_with_sizes(self) -> list[tuple[str, int]]:
         with self._lock:

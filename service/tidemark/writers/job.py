@@ -93,7 +93,7 @@ def commit_batch(
         "tidemark.transactions": batch.transactions,
         "tidemark.lastOp": batch.last_offset.op_offset,
     }
-    version = table.commit(files, batch.end_lsn, metadata)
+    version = table.commit(files, batch.end_lsn, metadata, first_lsn=batch.first_lsn)
     done = time.perf_counter()
     kinds = dict(Counter(batch.rows.kinds))
     if batch.staged:

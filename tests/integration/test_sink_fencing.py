@@ -1,0 +1,145 @@
+"""One writer per table: a second process can never add a transaction a shape table
+already holds.
+
+First what the library does (the fence is built on it): deltalake refuses a commit
+carrying an application id when a commit since the version it read carried the
+same id, and rebases it over commits of other ids. Then the race itself: two
+processes commit overlapping batches to one real Delta table, round after round;
+every ``(_lsn, _op)`` is in the table at most once and the committed ranges never
+overlap. No Spark and no Postgres: the files are written with pyarrow, the commit
+protocol is what is tested.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction
+
+from tidemark.errors import WriterFenced
+from tidemark.sink.schema import ColumnSpec, table_schema
+from tidemark.sink.table import DataFile, ShapeTable
+
+COLUMNS = [ColumnSpec("id", 23)]
+SHAPE = "raced"
+ROUNDS = 60
+BATCH = 10
+
+
+def _add(root: str, name: str) -> AddAction:
+    path = f"{root}/{name}.parquet"
+    pq.write_table(pa.table({"x": pa.array([1], pa.int64())}), path)
+    stats = '{"numRecords":1}'
+    return AddAction(
+        f"{name}.parquet", os.path.getsize(path), {}, int(time.time() * 1000), True, stats
+    )
+
+
+def _commit(dt: DeltaTable, root: str, name: str, app: str, version: int) -> None:
+    dt.create_write_transaction(
+        [_add(root, name)],
+        mode="append",
+        schema=dt.schema(),
+        commit_properties=CommitProperties(app_transactions=[Transaction(app, version)]),
+    )
+
+
+def test_deltalake_refuses_a_concurrent_commit_with_the_same_app_id(tmp_path: Path) -> None:
+    root = str(tmp_path / "t")
+    write_deltalake(root, pa.table({"x": pa.array([0], pa.int64())}))
+    # given two handles that read the same version
+    first, second = DeltaTable(root), DeltaTable(root)
+    _commit(first, root, "a", "tidemark:s", 10)
+    # then the second commit with the same app id is refused, whatever its version
+    with pytest.raises(CommitFailedError):
+        _commit(second, root, "b", "tidemark:s", 11)
+    # while a commit with another app id is rebased over it
+    first, second = DeltaTable(root), DeltaTable(root)
+    _commit(first, root, "c", "tidemark:other", 1)
+    _commit(second, root, "d", "tidemark:s", 12)
+    final = DeltaTable(root)
+    assert final.transaction_version("tidemark:s") == 12
+    assert final.transaction_version("tidemark:other") == 1
+
+
+def _batch_files(table: ShapeTable, first: int, end: int) -> list[DataFile]:
+    lsns = list(range(first, end + 1))
+    n = len(lsns)
+    arrays = [
+        pa.array(lsns, pa.int32()),
+        pa.array(lsns, pa.int64()),
+        pa.array([0] * n, pa.int32()),
+        pa.array(["insert"] * n, pa.string()),
+        pa.nulls(n, pa.int64()),
+        pa.nulls(n, pa.timestamp("us", tz="UTC")),
+        pa.nulls(n, pa.list_(pa.string())),
+    ]
+    schema = table_schema(COLUMNS)
+    rel, folder = table.new_batch_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_arrays(arrays, schema=schema), folder / "part-0.parquet")
+    return table.files_in(rel)
+
+
+def _race(root: str, offset: int, start: multiprocessing.synchronize.Event, out: object) -> None:
+    """One process: batches of BATCH transactions, shifted by ``offset`` from the other's."""
+    table = ShapeTable(root, SHAPE)
+    committed, fenced, skipped = [], 0, 0
+    start.wait()
+    for i in range(ROUNDS):
+        first = offset + i * BATCH + 1
+        end = first + BATCH - 1
+        files = _batch_files(table, first, end)
+        try:
+            version = table.commit(files, end, {}, first_lsn=first)
+        except WriterFenced:
+            fenced += 1
+            continue
+        if version is None:
+            skipped += 1
+        else:
+            committed.append((first, end))
+    out.put((offset, committed, fenced, skipped))  # type: ignore[attr-defined]
+
+
+def test_two_processes_racing_overlapping_batches_commit_each_transaction_once(
+    tmp_path: Path,
+) -> None:
+    # given one shape table and two processes whose batches overlap by half
+    root = str(tmp_path)
+    ShapeTable(root, SHAPE).create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    workers = [ctx.Process(target=_race, args=(root, off, start, out)) for off in (0, BATCH // 2)]
+    for w in workers:
+        w.start()
+    start.set()
+    results = [out.get(timeout=300) for _ in workers]
+    for w in workers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    # then the ranges that landed never overlap, and both processes met the fence
+    ranges = sorted(r for _, committed, _, _ in results for r in committed)
+    for (_, end), (first, _) in itertools.pairwise(ranges):
+        assert first > end, ranges
+    assert sum(fenced for _, _, fenced, _ in results) > 0, results
+    # and every transaction in the table is there exactly once, and only those
+    table = DeltaTable(str(Path(root) / "tables" / SHAPE)).to_pyarrow_table(columns=["_lsn", "_op"])
+    pairs = Counter(
+        zip(table.column("_lsn").to_pylist(), table.column("_op").to_pylist(), strict=True)
+    )
+    assert max(pairs.values()) == 1
+    assert sorted(lsn for lsn, _ in pairs) == [
+        lsn for first, end in ranges for lsn in range(first, end + 1)
+    ]
+    assert ShapeTable(root, SHAPE).committed_lsn() == ranges[-1][1]
