@@ -2,7 +2,8 @@
 """Container health check: exit 0 when tidemark's ``/readyz`` answers 200, else 1.
 
 Ready means streaming, no invariant violated, no shape stalled or failed (see
-``tidemark.api.server``). The port and host come from the same variables the service
+``tidemark.api.server``). A standby (another instance holds the leader lease)
+answers 503 with ``"role": "standby"`` and is healthy: it is doing its job. The port and host come from the same variables the service
 reads (``TIDEMARK_HTTP__PORT``, ``TIDEMARK_HTTP__HOST``); a wildcard host is asked on
 loopback. Standard library only, so it runs under any Python 3 in the image.
 """
@@ -39,6 +40,9 @@ def main() -> int:
         except ValueError:
             body = None
         reasons = body.get("reasons", []) if isinstance(body, dict) else []
+        if isinstance(body, dict) and body.get("role") == "standby":
+            print(f"standby: {'; '.join(reasons)}")
+            return 0
         print(f"not ready (HTTP {exc.code}): {'; '.join(reasons) or exc.reason}")
         return 1
     except OSError as exc:

@@ -55,6 +55,7 @@ from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ProtocolError, TidemarkError
 from tidemark.flush.tracker import FlushTracker
+from tidemark.lease import LeaderLease
 from tidemark.lsn import format_lsn
 from tidemark.observability import Metrics, refresh_metrics
 from tidemark.pgoutput.decoder import PgOutputDecoder
@@ -129,6 +130,18 @@ class Service:
             memory_budget=flush.memory_budget_bytes,
             stage_bytes=flush.stage_bytes,
         )
+        lease = settings.lease
+        self.lease: LeaderLease | None = (
+            LeaderLease(
+                settings.source.dsn,
+                settings.source.slot,
+                retry_s=lease.retry_s,
+                check_s=lease.check_s,
+            )
+            if lease.enabled
+            else None
+        )
+        self.role = "standby" if self.lease is not None else "leader"
         self.scheduler: FlushScheduler | None = None
         self.client: ReplicationClient | None = None
         self.monitor: ReplicationMonitor | None = None
@@ -292,6 +305,10 @@ class Service:
                     spark_cfg.app_name,
                     spark_cfg.remote,
                 )
+            if self.lease is None:
+                self.metrics.leader.set(1)
+            elif not await self._stand_by():
+                return  # stopped while standing by
             src = settings.source
             # the claims hold only on the stream they were made on: check it first
             self.guard.decide_at_start(await observe_stream(src.dsn, src.slot))
@@ -335,6 +352,8 @@ class Service:
                     group.create_task(self._housekeeping(), name="housekeeping"),
                     group.create_task(serve(self), name="http"),
                 ]
+                if self.lease is not None:
+                    tasks.append(group.create_task(self.lease.hold(), name="lease"))
                 group.create_task(self._shutdown_when_asked(tasks), name="shutdown")
         except* Exception as errors:
             for exc in errors.exceptions:
@@ -350,6 +369,46 @@ class Service:
         finally:
             self.metrics.up.set(0)
             self.metrics.streaming.set(0)
+            if self.lease is not None:  # after the walsender stopped: a standby may lead now
+                await self.lease.close()
+                self.metrics.leader.set(0)
+
+    async def _stand_by(self) -> bool:
+        """Serve the API as a standby until the leader lease is ours (see tidemark.lease);
+        then end the old leader's walsender and read the state it left. False if
+        stopped meanwhile."""
+        assert self.lease is not None
+        from tidemark.api.server import serve
+
+        self.phase, self.role = "standby", "standby"
+        self.metrics.leader.set(0)
+        systemd.notify("READY=1\nSTATUS=standby: waiting for the leader lease")
+        http = asyncio.create_task(serve(self), name="http-standby")
+        watchdog = asyncio.create_task(self._standby_watchdog(), name="watchdog-standby")
+        try:
+            if not await self.lease.acquire(self._stop):
+                self.phase = "stopped"
+                return False
+            await self.lease.take_over_slot()
+        finally:
+            for task in (http, watchdog):
+                task.cancel()
+            await asyncio.gather(http, watchdog, return_exceptions=True)
+        # the old leader may have changed shapes, claims and the stream record
+        self.store.reload()
+        self.shapeset.registry.reload()
+        self.phase, self.role = "starting", "leader"
+        self.metrics.leader.set(1)
+        log.info("lease.leading", slot=self.settings.source.slot)
+        return True
+
+    async def _standby_watchdog(self) -> None:
+        interval = systemd.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            systemd.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
 
     async def _shutdown_when_asked(self, tasks: list[asyncio.Task[Any]]) -> None:
         await self._stop.wait()
@@ -529,7 +588,11 @@ class Service:
         """Ready: streaming, nothing violated, no shape stalled or failed (a shape being
         backfilled is normal operation, not a reason)."""
         reasons = []
-        if self.phase != "streaming":
+        if self.role == "standby":
+            holder = self.lease.holder if self.lease is not None else None
+            by = f" (held by {holder.describe()})" if holder else ""
+            reasons.append(f"standby: another instance holds the leader lease{by}")
+        elif self.phase != "streaming":
             reasons.append(f"not streaming (phase: {self.phase})")
         if self.client is not None and not self.client.stats.connected:
             reasons.append("replication connection is down")

@@ -282,7 +282,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     waiting = [s["name"] for s in shapes if not s.get("ready")]
     if waiting:  # readiness is about the service: a backfill is normal operation
         verdict += f"; {len(waiting)} of {len(shapes)} shape(s) not ready yet (below)"
-    print(f"tidemark at {api.url}: {progress['phase']}, {verdict}")
+    role = progress.get("role", "leader")
+    print(f"tidemark at {api.url}: {role}, {progress['phase']}, {verdict}")
     for reason in ready.get("reasons", []):
         print(f"  - {reason}")
     print(f"  received      {_lsn(progress['received'])}  (from the replication stream)")

@@ -240,6 +240,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class LeaseSettings(_Section):
+    enabled: bool = Field(
+        default=True,
+        description="one instance per slot streams; others with the same config stand by",
+    )
+    retry_s: float = Field(default=1.0, gt=0, description="how often a standby tries the lease")
+    check_s: float = Field(default=1.0, gt=0, description="how often the leader checks it")
+
+
 class MonitorSettings(_Section):
     period_s: float = Field(default=5.0, gt=0)
     stall_grace_s: float = Field(default=300.0, gt=0)
@@ -266,6 +275,7 @@ class Settings(BaseSettings):
     flush: FlushSettings = Field(default_factory=FlushSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
     shutdown_grace_s: float = Field(default=30.0, gt=0)
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

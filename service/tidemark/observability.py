@@ -229,6 +229,11 @@ class Metrics:
             "tidemark_streaming", "1 while the replication stream is up", registry=r
         )
         self.up = Gauge("tidemark_up", "1 while the service runs", registry=r)
+        self.leader = Gauge(
+            "tidemark_leader",
+            "1 while this instance holds the leader lease (streams and writes), 0 on a standby",
+            registry=r,
+        )
         # series that exist from the start, so rate()/increase() and alerts see them
         from tidemark.replication.monitor import VIOLATION_KINDS
 

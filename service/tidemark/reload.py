@@ -75,6 +75,7 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
             "flush",
             "http",
             "monitor",
+            "lease",
         ):
             out |= _flatten(value, f"{name}.")
         else:

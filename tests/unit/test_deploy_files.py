@@ -226,11 +226,25 @@ SPARK_PROFILE = {"spark-master", "spark-worker", "spark-connect"}
 
 def test_compose_declares_the_stack_and_a_spark_profile() -> None:
     services = compose()["services"]
-    assert set(services) == STACK | SPARK_PROFILE
+    assert set(services) == STACK | SPARK_PROFILE | {"tidemark-standby"}
     for name in SPARK_PROFILE:
         assert services[name]["profiles"] == ["spark"]
     for name in STACK:
         assert "profiles" not in services[name], f"{name} must start with a plain `up`"
+
+
+def test_the_ha_profile_runs_a_standby_with_the_leaders_configuration() -> None:
+    services = compose()["services"]
+    leader, standby = services["tidemark"], services["tidemark-standby"]
+    assert standby["profiles"] == ["ha"] and standby["image"] == leader["image"]
+    assert standby["volumes"] == leader["volumes"]  # one sink
+    different = {"TIDEMARK_SPARK__CONF"}  # its own driver host for executors
+    same = set(leader["environment"]) - different
+    assert {k: standby["environment"][k] for k in same} == {
+        k: leader["environment"][k] for k in same
+    }
+    assert "tidemark-standby" in standby["environment"]["TIDEMARK_SPARK__CONF"]
+    assert standby["ports"] != leader["ports"]
 
 
 def test_every_service_has_a_healthcheck_or_says_why_not() -> None:
@@ -633,9 +647,13 @@ def test_shell_scripts_parse() -> None:
 
 class _Readyz(BaseHTTPRequestHandler):
     status = 200
+    role = "leader"
 
     def do_GET(self) -> None:
-        body = json.dumps({"ready": self.status == 200, "reasons": ["not streaming"]}).encode()
+        reasons = ["not streaming"] if self.role == "leader" else ["standby: lease held"]
+        body = json.dumps(
+            {"ready": self.status == 200, "role": self.role, "reasons": reasons}
+        ).encode()
         self.send_response(self.status if self.path == "/readyz" else 404)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -677,6 +695,9 @@ def test_healthcheck_follows_readyz(
     handler.status = 503
     not_ready = healthcheck(port)
     assert not_ready.returncode == 1 and "not streaming" in not_ready.stdout
+    handler.role = "standby"  # waiting for the leader lease: healthy, not ready
+    standby = healthcheck(port)
+    assert standby.returncode == 0 and "standby" in standby.stdout
     server.shutdown()
     server.server_close()
     gone = healthcheck(port)

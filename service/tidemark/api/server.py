@@ -117,6 +117,7 @@ async def healthz(request: web.Request) -> web.Response:
         {
             "status": "ok",
             "phase": service.phase,
+            "role": service.role,
             "uptime_s": round(time.time() - service.started_at, 1),
         }
     )
@@ -124,7 +125,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     ready, reasons = request.app[SERVICE].readiness()
-    return web.json_response({"ready": ready, "reasons": reasons}, status=200 if ready else 503)
+    body = {"ready": ready, "role": request.app[SERVICE].role, "reasons": reasons}
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -229,6 +231,7 @@ def progress_json(service: Service) -> dict[str, Any]:
         }
     return {
         "phase": service.phase,
+        "role": service.role,
         "received": lsn_json(p.received_lsn),
         "flushed": lsn_json(p.flushed_lsn),
         "applied": lsn_json(p.applied_lsn),

@@ -112,6 +112,16 @@ class ContinuityStore:
 
     # -- loading ------------------------------------------------------------
 
+    def reload(self) -> None:
+        """Read the state again (a standby taking over what the old leader left)."""
+        with self._lock:
+            self._claims.clear()
+            self._invalidations.clear()
+            self.stream = None
+            self._claims_version = self._claims_written = 0
+            self._stream_version = self._stream_written = 0
+            self._load()
+
     def _load(self) -> None:
         try:
             if self.stream_path.exists():

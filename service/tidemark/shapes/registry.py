@@ -114,6 +114,10 @@ class ShapeRegistry:
             raise ConfigError(f"cannot read the shape registry {file}: {e}") from e
         return cls(file, _decode(file, text))
 
+    def reload(self) -> None:
+        """Read the file again (a standby taking over); listeners stay."""
+        self._shapes = ShapeRegistry.open(self._path)._shapes
+
     # -- reading -----------------------------------------------------------------
 
     @property

@@ -1,0 +1,190 @@
+"""The leader lease: of several tidemark instances with one configuration, one streams
+the slot and writes the tables; the others stand by and take over when it dies.
+
+The lease is a session advisory lock on the source database, keyed by the slot's
+name, held on a connection of its own. It dies with its holder: a killed process's
+socket closes and its backend ends at once; a host cut off from the network is
+noticed by the server's TCP keepalives (set on the lease connection: about 11 s).
+The slot's own rule (one walsender at a time) stands behind it.
+
+Protocol of an instance:
+
+1. Stand by: try the lock every ``retry_s``; meanwhile say who holds it.
+2. Lease taken: a walsender of the old leader may still hold the slot (a host cut
+   off, a backend that has not noticed its client died): it is ended with
+   ``pg_terminate_backend`` and the slot is awaited until free.
+3. Lead: the durable state under the sink root is read now (what the old leader
+   left), and the service starts from the slot's position as after any restart.
+   The lease connection is checked every ``check_s``; if it is lost, ``hold`` raises
+   ``LeaseLost`` and the service stops at once (the supervisor restarts it as a
+   standby). A leader that lost its lease and still commits is refused by the
+   sink's fence (``ShapeTable.commit``), so two writers never add one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import psycopg
+import structlog
+
+from tidemark.errors import TidemarkError
+
+log = structlog.get_logger("tidemark.lease")
+
+KEY_PREFIX = "tidemark:lease:"
+APPLICATION_NAME = "tidemark-lease"
+# the server notices a vanished holder after idle + interval * count seconds
+KEEPALIVE_OPTIONS = (
+    "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3"
+)
+
+
+class LeaseLost(TidemarkError):
+    """The leader's lease connection broke: another instance may lead now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds the lease, as the source sees it."""
+
+    pid: int
+    client: str | None
+    since: float | None
+
+    def describe(self) -> str:
+        where = f" from {self.client}" if self.client else ""
+        return f"backend pid {self.pid}{where}"
+
+
+_TRY = "select pg_try_advisory_lock(hashtextextended(%s, 0))"
+_HOLDER = """
+select a.pid, host(a.client_addr), extract(epoch from a.backend_start)::float8
+from pg_locks l join pg_stat_activity a on a.pid = l.pid
+where l.locktype = 'advisory' and l.granted and l.objsubid = 1
+  and l.database = (select oid from pg_database where datname = current_database())
+  and ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended(%s, 0)
+  and a.pid <> pg_backend_pid()
+limit 1
+"""
+_SLOT_PID = (
+    "select active_pid from pg_replication_slots where slot_name = %s and active_pid is not null"
+)
+
+
+class LeaderLease:
+    def __init__(self, dsn: str, slot: str, *, retry_s: float = 1.0, check_s: float = 1.0) -> None:
+        self.dsn = dsn
+        self.slot = slot
+        self.key = KEY_PREFIX + slot
+        self.retry_s = retry_s
+        self.check_s = check_s
+        self.held = False
+        self.holder: Holder | None = None  # the other instance's, while standing by
+        self.acquired_at: float | None = None
+        self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+
+    async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self.dsn,
+                autocommit=True,
+                application_name=APPLICATION_NAME,
+                options=KEEPALIVE_OPTIONS,
+                keepalives=1,
+                keepalives_idle=5,
+                keepalives_interval=2,
+                keepalives_count=3,
+            )
+        return self._conn
+
+    async def try_acquire(self) -> bool:
+        """One attempt; notes the current holder when it fails."""
+        conn = await self._connect()
+        row = await (await conn.execute(_TRY, (self.key,))).fetchone()
+        if row is not None and row[0]:
+            self.held, self.holder, self.acquired_at = True, None, time.time()
+            return True
+        found = await (await conn.execute(_HOLDER, (self.key,))).fetchone()
+        self.holder = None
+        if found is not None:
+            pid, client, since = found
+            self.holder = Holder(
+                int(str(pid)),
+                None if client is None else str(client),
+                None if since is None else float(str(since)),
+            )
+        return False
+
+    async def acquire(self, stop: asyncio.Event) -> bool:
+        """Stand by until the lease is ours (True) or ``stop`` is set (False). A source
+        that cannot be reached at the first attempt is an error (a wrong DSN, wrong
+        credentials); later, it is retried: a standby outlives a source restart."""
+        announced = False
+        if await self.try_acquire():
+            log.info("lease.acquired", slot=self.slot)
+            return True
+        while not stop.is_set():
+            try:
+                if await self.try_acquire():
+                    log.info("lease.acquired", slot=self.slot)
+                    return True
+                if not announced:
+                    log.info(
+                        "lease.standby",
+                        slot=self.slot,
+                        holder=self.holder.describe() if self.holder else None,
+                    )
+                    announced = True
+            except psycopg.OperationalError as exc:
+                log.warning("lease.unreachable", slot=self.slot, error=str(exc).strip())
+                await self.close()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.retry_s):
+                    await stop.wait()
+        return False
+
+    async def take_over_slot(self, timeout_s: float = 30.0) -> int | None:
+        """End a walsender still holding the slot (the old leader's) and wait until the
+        slot is free; returns the pid ended, if any."""
+        conn = await self._connect()
+        ended = None
+        async with asyncio.timeout(timeout_s):
+            while True:
+                row = await (await conn.execute(_SLOT_PID, (self.slot,))).fetchone()
+                if row is None:
+                    return ended
+                pid = int(str(row[0]))
+                if ended != pid:
+                    await conn.execute("select pg_terminate_backend(%s)", (pid,))
+                    log.warning("lease.ended_old_walsender", slot=self.slot, pid=pid)
+                    ended = pid
+                await asyncio.sleep(0.1)
+
+    async def hold(self) -> None:
+        """Check the lease connection until cancelled; ``LeaseLost`` when it breaks."""
+        while True:
+            await asyncio.sleep(self.check_s)
+            try:
+                conn = self._conn  # never reconnected: a new session would not hold the lock
+                if conn is None or conn.closed:
+                    raise psycopg.OperationalError("the lease connection is closed")
+                await conn.execute("select 1")
+            except psycopg.Error as exc:
+                self.held = False
+                raise LeaseLost(
+                    f"the leader lease on slot '{self.slot}' was lost ({str(exc).strip()}): "
+                    "another instance may lead now; this one stops (its supervisor restarts "
+                    "it as a standby)"
+                ) from exc
+
+    async def close(self) -> None:
+        """Release the lease (closing its session ends the lock)."""
+        conn, self._conn = self._conn, None
+        self.held = False
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
