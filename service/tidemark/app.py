@@ -323,6 +323,7 @@ class Service:
                     publication_tables=None if src.publish_all_tables else tuple(tables),
                     create_publication=src.create_publication,
                     create_slot=src.create_slot,
+                    failover_slot=src.failover_slot,
                     reconnect_max_s=src.reconnect_max_s,
                 ),
                 guard=self.guard,

@@ -58,6 +58,10 @@ class SourceSettings(_Section):
     slot: str = "tidemark"
     publication: str = "tidemark"
     create_slot: bool = True
+    failover_slot: bool = Field(
+        default=False,
+        description="PG 17+: create the slot as a failover slot (synchronised to standbys)",
+    )
     create_publication: bool = True
     publish_all_tables: bool = Field(
         default=False,

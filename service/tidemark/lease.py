@@ -15,9 +15,10 @@ Protocol of an instance:
    ``pg_terminate_backend`` and the slot is awaited until free.
 3. Lead: the durable state under the sink root is read now (what the old leader
    left), and the service starts from the slot's position as after any restart.
-   The lease connection is checked every ``check_s``; if it is lost, ``hold`` raises
-   ``LeaseLost`` and the service stops at once (the supervisor restarts it as a
-   standby). A leader that lost its lease and still commits is refused by the
+   The lease connection is checked every ``check_s``; when it breaks (a source
+   restart takes the lock with it), the lock is taken again at once if nobody else
+   has it; if another instance has, ``hold`` raises ``LeaseLost`` and the service
+   stops (the supervisor restarts it as a standby). A leader that lost its lease and still commits is refused by the
    sink's fence (``ShapeTable.commit``), so two writers never add one transaction.
 """
 
@@ -165,21 +166,37 @@ class LeaderLease:
                 await asyncio.sleep(0.1)
 
     async def hold(self) -> None:
-        """Check the lease connection until cancelled; ``LeaseLost`` when it breaks."""
+        """Check the lease until cancelled. When its connection breaks (a source restart,
+        a network cut), the lock is gone with it: take it again at once if nobody else
+        has (the source restarted under us: carry on), else ``LeaseLost``."""
         while True:
             await asyncio.sleep(self.check_s)
             try:
-                conn = self._conn  # never reconnected: a new session would not hold the lock
+                conn = self._conn  # a new session would not hold the lock: see below
                 if conn is None or conn.closed:
                     raise psycopg.OperationalError("the lease connection is closed")
                 await conn.execute("select 1")
             except psycopg.Error as exc:
                 self.held = False
-                raise LeaseLost(
-                    f"the leader lease on slot '{self.slot}' was lost ({str(exc).strip()}): "
-                    "another instance may lead now; this one stops (its supervisor restarts "
-                    "it as a standby)"
-                ) from exc
+                await self.close()
+                log.warning("lease.connection_lost", slot=self.slot, error=str(exc).strip())
+                await self._take_back(str(exc).strip())
+
+    async def _take_back(self, cause: str) -> None:
+        while True:
+            try:
+                if await self.try_acquire():
+                    log.info("lease.reacquired", slot=self.slot)
+                    return
+            except psycopg.OperationalError:
+                await self.close()  # the source is still away: try again
+                await asyncio.sleep(self.check_s)
+                continue
+            holder = self.holder.describe() if self.holder else "another instance"
+            raise LeaseLost(
+                f"the leader lease on slot '{self.slot}' was lost ({cause}) and {holder} "
+                "holds it now: this instance stops (its supervisor restarts it as a standby)"
+            )
 
     async def close(self) -> None:
         """Release the lease (closing its session ends the lock)."""

@@ -48,9 +48,9 @@ def main(root: str) -> None:
         say(f"WRITING {table.shape}")
         return real_write(spark, table, schema, specs, rows)
 
-    def commit(self, files, end_lsn, metadata=None):  # type: ignore[no-untyped-def]
+    def commit(self, files, end_lsn, metadata=None, **kwargs):  # type: ignore[no-untyped-def]
         say(f"BETWEEN {self.shape} {end_lsn}")
-        version = real_commit(self, files, end_lsn, metadata)
+        version = real_commit(self, files, end_lsn, metadata, **kwargs)
         say(f"COMMITTED {self.shape} {end_lsn}")
         return version
 

@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 from tidemark import cli
 from tidemark.app import Service
 from tidemark.embedded import free_port
-from tidemark.lease import LeaderLease
+from tidemark.lease import LeaderLease, LeaseLost
 from tidemark.lsn import format_lsn
 from tidemark.sink.table import table_path
 from tidemark.verify import compare_shape
@@ -110,6 +110,39 @@ async def test_a_second_instance_stands_by_says_so_and_leads_when_the_first_stop
         await asyncio.wait_for(task, 60)
     result = compare_shape(spark, str(tmp_path), "t_all", "select * from t", pg_db.dsn)
     assert result.equal, result.describe()
+
+
+@ONE_SERVER
+async def test_a_leader_takes_its_lease_back_after_a_cut_unless_another_took_it(
+    pg_db: PgDatabase,
+) -> None:
+    def end_session_of(lease: LeaderLease) -> None:
+        assert lease._conn is not None
+        pid = lease._conn.info.backend_pid
+        with psycopg.connect(pg_db.dsn, autocommit=True) as conn:
+            conn.execute("select pg_terminate_backend(%s)", (pid,))
+
+    leader = LeaderLease(pg_db.dsn, "tm_cut", check_s=0.1)
+    other = LeaderLease(pg_db.dsn, "tm_cut", check_s=0.1)
+    try:
+        assert await leader.try_acquire()
+        # a cut nobody used (as a source restart): the leader holds it again
+        holding = asyncio.create_task(leader.hold())
+        end_session_of(leader)
+        await asyncio.sleep(1.0)
+        assert not holding.done() and leader.held
+        assert not await other.try_acquire()
+        # a cut another instance used: the old leader stops
+        holding.cancel()
+        end_session_of(leader)
+        await asyncio.sleep(0.2)
+        assert await other.try_acquire()
+        with pytest.raises(LeaseLost, match="holds it now"):
+            async with asyncio.timeout(10):
+                await leader.hold()
+    finally:
+        await leader.close()
+        await other.close()
 
 
 def _wait_role(port: int, role: str, proc: Any, log: Path, timeout: float) -> float:

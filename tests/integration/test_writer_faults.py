@@ -143,3 +143,33 @@ async def test_the_monitor_itself_catches_an_acknowledgement_beyond_what_the_sin
                 await bug
         ready, reasons = service.readiness()
         assert not ready and any("invariant violated" in r for r in reasons)
+
+
+@one_server()
+async def test_the_table_audit_catches_a_table_that_lost_commits_its_writer_made(
+    pg_db: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    # given a shape whose writer committed several stream batches
+    make_items(pg_db, 200)
+    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
+    async with running_service(settings, spark) as service:
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        for i in range(3):
+            pg_db.execute("update items set score = %s where id <= 20", (60 + i,))
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+        assert service.scheduler is not None
+        writer = service.scheduler.writers["high"]
+        believed = writer.committed_lsn
+        assert believed is not None and not service.violations
+        # when the table on storage loses its last commit (a restore from an older copy)
+        log_dir = tmp_path / "tables" / "high" / "_delta_log"
+        last = max(log_dir.glob("*.json"))
+        last.unlink()
+        writer.table.refresh()
+        assert (writer.table.committed_lsn() or 0) < believed
+        await service._audit_tables()
+        # then the audit reports it, and the service is not ready
+        kinds = [v.kind for v in service.violations]
+        assert kinds == ["committed_not_in_table"], kinds
+        ready, reasons = service.readiness()
+        assert not ready and any("committed_not_in_table" in r for r in reasons), reasons

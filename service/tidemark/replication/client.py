@@ -71,6 +71,7 @@ class SourceConfig:
     publication_tables: tuple[tuple[str, str], ...] | None = None
     create_publication: bool = True
     create_slot: bool = True
+    failover_slot: bool = False  # PG 17+: created as a failover slot
     proto_version: int | None = None  # None: the highest the server speaks (v4 on PG 16)
     streaming: bool = False
     queue_batches: int = 64  # bounded queue, in WalBatch items
@@ -340,7 +341,12 @@ class ReplicationClient:
                     f"(SELECT pg_create_logical_replication_slot('{cfg.slot}', 'pgoutput')) "
                     "or allow tidemark to create it"
                 )
-            lsn = await slots.create_slot(repl, cfg.slot)
+            lsn = await slots.create_slot(
+                repl,
+                cfg.slot,
+                failover=cfg.failover_slot,
+                server_major=self.server_major or slots.MIN_SERVER_MAJOR,
+            )
             log.info("slot.created", slot=cfg.slot, consistent_lsn=format_lsn(lsn))
             if self.guard is not None:
                 self.guard.slot_created(observed, lsn)

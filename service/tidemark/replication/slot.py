@@ -256,16 +256,44 @@ def check_slot_usable(state: SlotState, slot: str, dbname: str) -> None:
         )
 
 
-async def create_slot(
-    repl: psycopg.AsyncConnection[tuple[object, ...]], slot: str, *, temporary: bool = False
-) -> int:
-    """Create a logical pgoutput slot over the replication connection; its consistent LSN."""
+FAILOVER_MIN_MAJOR = 17
+
+
+def create_slot_command(
+    slot: str, *, temporary: bool = False, failover: bool = False, server_major: int = 16
+) -> str:
+    """The walsender command creating the slot. ``failover``: a PG 17 failover slot,
+    synchronised to physical standbys (``sync_replication_slots`` on the standby,
+    ``synchronized_standby_slots`` on the primary), so a promoted standby has it at
+    the same position; refused with the reason on older servers."""
     check_name("slot", slot)
     temp = " TEMPORARY" if temporary else ""
-    try:
-        cur = await repl.execute(
-            f"CREATE_REPLICATION_SLOT {slot}{temp} LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+    if not failover:
+        return f"CREATE_REPLICATION_SLOT {slot}{temp} LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+    if temporary:
+        raise ReplicationError("a temporary slot cannot be a failover slot")
+    if server_major < FAILOVER_MIN_MAJOR:
+        raise ReplicationError(
+            f"[source] failover_slot = true needs PostgreSQL {FAILOVER_MIN_MAJOR} or newer "
+            f"(the source is {server_major}): set it to false, or upgrade the source"
         )
+    return f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)"
+
+
+async def create_slot(
+    repl: psycopg.AsyncConnection[tuple[object, ...]],
+    slot: str,
+    *,
+    temporary: bool = False,
+    failover: bool = False,
+    server_major: int = 16,
+) -> int:
+    """Create a logical pgoutput slot over the replication connection; its consistent LSN."""
+    command = create_slot_command(
+        slot, temporary=temporary, failover=failover, server_major=server_major
+    )
+    try:
+        cur = await repl.execute(command)
     except psycopg.errors.ObjectNotInPrerequisiteState as exc:
         raise ReplicationError(
             f"cannot create slot '{slot}': {exc.diag.message_primary}. Check wal_level = "
