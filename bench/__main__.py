@@ -12,7 +12,17 @@ import os
 import sys
 import time
 
-SECTIONS = ("replication", "decode", "flush", "routing", "sink", "e2e", "backfill", "cluster")
+SECTIONS = (
+    "replication",
+    "decode",
+    "flush",
+    "routing",
+    "sink",
+    "e2e",
+    "backfill",
+    "cluster",
+    "takeover",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import cluster_bench
 
             cluster_bench.main(args.rows)
+        elif section == "takeover":
+            from bench import takeover_bench
+
+            takeover_bench.main()
     print(f"\nbench finished in {time.perf_counter() - started:.0f}s")
     return status
 
