@@ -110,7 +110,7 @@ class Service:
         self.http_port: int | None = None
         self.violations: list[Violation] = []
         self.tracker = FlushTracker(self._on_durable, clock=time.monotonic)
-        self.store = ContinuityStore(settings.sink.root)
+        self.store = ContinuityStore(settings.sink.root, settings.instance.name)
         self.guard = ContinuityGuard(self.store, settings.source.on_stream_gap)
         self.shapeset = ShapeSet(
             settings,
@@ -670,7 +670,11 @@ class Service:
             shapes[name] = ShapeFrontier(
                 frontier or 0, committed, frontier is not None, status.snapshot_lsn
             )
-        store_frontiers(self.settings.sink.root, Frontiers(progress.flushed_lsn, shapes))
+        store_frontiers(
+            self.settings.sink.root,
+            Frontiers(progress.flushed_lsn, shapes),
+            self.settings.instance.name,
+        )
         self._frontiers_dirty = False
 
     async def _housekeeping(self) -> None:

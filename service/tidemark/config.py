@@ -244,6 +244,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class InstanceSettings(_Section):
+    name: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9_-]{0,63}$",
+        description="several instances on one sink root: each its own name and shapes",
+    )
+
+
 class LeaseSettings(_Section):
     enabled: bool = Field(
         default=True,
@@ -280,6 +288,7 @@ class Settings(BaseSettings):
     http: HttpSettings = Field(default_factory=HttpSettings)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    instance: InstanceSettings = Field(default_factory=InstanceSettings)
     shutdown_grace_s: float = Field(default=30.0, gt=0)
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

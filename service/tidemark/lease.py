@@ -18,8 +18,9 @@ Protocol of an instance:
    The lease connection is checked every ``check_s``; when it breaks (a source
    restart takes the lock with it), the lock is taken again at once if nobody else
    has it; if another instance has, ``hold`` raises ``LeaseLost`` and the service
-   stops (the supervisor restarts it as a standby). A leader that lost its lease and still commits is refused by the
-   sink's fence (``ShapeTable.commit``), so two writers never add one transaction.
+   stops (the supervisor restarts it as a standby). A leader that lost its lease
+   and still commits is refused by the sink's fence (``ShapeTable.commit``), so two
+   writers never add one transaction.
 """
 
 from __future__ import annotations

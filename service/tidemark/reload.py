@@ -76,6 +76,7 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
             "http",
             "monitor",
             "lease",
+            "instance",
         ):
             out |= _flatten(value, f"{name}.")
         else:

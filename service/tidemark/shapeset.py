@@ -51,13 +51,13 @@ from tidemark.backfill.runner import (
 )
 from tidemark.collector import ShapeLogCollector
 from tidemark.continuity.store import ContinuityStore
-from tidemark.errors import ShapeConflict, ShapeError
+from tidemark.errors import ConfigError, ShapeConflict, ShapeError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.replication.slot import add_tables_to_publication
 from tidemark.shapes.catalog import check_shape, read_table, validate_shape
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
 from tidemark.shapes.registry import ShapeRegistry
-from tidemark.sink.frontiers import state_dir
+from tidemark.sink.frontiers import instance_states, state_dir
 from tidemark.sink.schema import column_specs, table_schema
 from tidemark.sink.table import ShapeTable
 from tidemark.writers.scheduler import FlushScheduler
@@ -107,8 +107,9 @@ class ShapeSet:
     ) -> None:
         self.settings = settings
         root = settings.sink.root
-        self.registry = ShapeRegistry.open(state_dir(root) / "shapes.json")
-        self.store = store or ContinuityStore(root)
+        self.instance = settings.instance.name
+        self.registry = ShapeRegistry.open(state_dir(root, self.instance) / "shapes.json")
+        self.store = store or ContinuityStore(root, self.instance)
         self.tracker = tracker
         self.collector = ShapeLogCollector(
             tracker, on_resync=self._on_resync, on_columns_changed=self._on_columns_changed
@@ -136,6 +137,7 @@ class ShapeSet:
         """Reconcile declared shapes, end the claims that no longer hold, activate every
         registered shape; returns their tables."""
         declared = [ShapeDefinition(**s.model_dump()) for s in self.settings.shapes]
+        self.check_owners([d.name for d in declared] + [r.name for r in self.registry.shapes()])
         result = self.registry.reconcile(declared)
         if result.added or result.removed or result.changed:
             log.info(
@@ -250,8 +252,31 @@ class ShapeSet:
 
     # -- changes at runtime ----------------------------------------------------------------
 
+    def check_owners(self, names: list[str]) -> None:
+        """Refuse shape names another instance on this sink root has: its table would
+        have two writers."""
+        mine = set(names)
+        for other, folder in instance_states(self.settings.sink.root).items():
+            if other == self.instance:
+                continue
+            taken = sorted(
+                mine & {r.name for r in ShapeRegistry.open(folder / "shapes.json").shapes()}
+            )
+            if taken:
+                who = f"instance '{other}'" if other else "the unnamed instance"
+                raise ConfigError(
+                    f"shape(s) {', '.join(repr(n) for n in taken)} belong to {who} on the sink "
+                    f"root {self.settings.sink.root} (its registry: {folder / 'shapes.json'}): "
+                    "one table cannot have two writers. Name the shape otherwise here, or "
+                    "remove it from that instance first"
+                )
+
     async def add(self, definition: ShapeDefinition, *, origin: str = "api") -> ShapeStatus:
         """Validate, persist and activate a shape (its rows arrive by backfill)."""
+        try:
+            self.check_owners([definition.name])
+        except ConfigError as exc:
+            raise ShapeConflict(str(exc)) from None
         conn = await self._source()
         try:
             await validate_shape(conn, definition)  # fails before anything is persisted

@@ -161,7 +161,6 @@ def _wait_role(port: int, role: str, proc: Any, log: Path, timeout: float) -> fl
     raise AssertionError(f"no {role} on port {port} within {timeout}s:\n{tail(log)}")
 
 
-@ONE_SERVER
 async def test_a_standby_takes_over_a_killed_leader_without_loss_or_duplicates(
     pg_db: PgDatabase,
     spark,  # type: ignore[no-untyped-def]

@@ -4,8 +4,8 @@ driver with ``[spark] master = "spark://127.0.0.1:PORT"``. Executors write the
 Parquet files (their logs say so), the driver commits to Delta, and the mixed
 workload of test_e2e.py, folded, equals Postgres for every shape.
 
-Runs on one Postgres flavor: the Postgres side is what test_e2e.py covers on both;
-this test is about where Spark runs. The service is a child process (see
+Runs on both Postgres servers (16 and 15), like the Spark Connect test. The service
+is a child process (see
 remote_service.py for why); the fold is read with the suite's local session.
 """
 
@@ -21,7 +21,7 @@ from tidemark.embedded_spark import StandaloneCluster
 from tidemark.lsn import format_lsn
 from tidemark.verify import compare_shape
 
-from .conftest import ONE_SERVER, PgDatabase
+from .conftest import PgDatabase
 from .remote_service import (
     get_json,
     service_env,
@@ -46,7 +46,6 @@ CLUSTER_CONF = {
 }
 
 
-@ONE_SERVER
 async def test_mixed_workload_on_a_standalone_cluster_equals_postgres(
     pg_db: PgDatabase,
     spark_cluster: StandaloneCluster,

@@ -4,9 +4,8 @@ pyspark's installation on loopback (``connect_server``), ``tidemark run`` with
 workload of test_e2e.py (snapshots and stream batches written through Connect),
 folded through Connect with ``tidemark.read``, equals Postgres for every shape.
 
-Runs on one Postgres flavor: the Postgres side is what test_e2e.py covers on both;
-this test is about how Spark is reached. The service and the Connect reader are
-child processes (see remote_service.py and connect_client.py for why).
+The end-to-end test runs on both Postgres servers (16 and 15). The service and the
+Connect reader are child processes (see remote_service.py and connect_client.py for why).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from tidemark.lsn import format_lsn
 from tidemark.sink.table import table_path
 from tidemark.spark import CONNECT_JOB_BYTES
 
-from .conftest import ONE_SERVER, PgDatabase
+from .conftest import PgDatabase
 from .remote_service import (
     ROOT,
     descendants,
@@ -57,7 +56,6 @@ def connect_client(*args: str, timeout: float = 300) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-@ONE_SERVER
 async def test_mixed_workload_through_spark_connect_equals_postgres(
     pg_db: PgDatabase, connect_server: ConnectServer, tmp_path: Path
 ) -> None:

@@ -93,8 +93,8 @@ class Invalidation:
 
 
 class ContinuityStore:
-    def __init__(self, root: str | Path) -> None:
-        folder = state_dir(root)
+    def __init__(self, root: str | Path, instance: str = "") -> None:
+        folder = state_dir(root, instance)
         self.stream_path = folder / "stream.json"
         self.claims_path = folder / "claims.json"
         self._legacy_path = folder / "backfills.json"

@@ -7,7 +7,9 @@ FlushTracker holds nothing pending for the shape, ``F`` is the global durable LS
 ``D``; otherwise it is at least ``D`` and at least the end of the last transaction
 the shape fully committed.
 
-The frontiers live in ``<root>/_tidemark/frontiers.json``, replaced atomically
+The frontiers live in ``<root>/_tidemark/frontiers.json`` (an instance with an
+``[instance] name`` keeps its state, these included, under
+``<root>/_tidemark/instances/<name>/``), replaced atomically
 (temp file, fsync, rename, fsync of the folder), so a reader needs neither the
 service nor Postgres to ask "is shape X complete as of LSN L?". A frontier never
 claims more than was committed when it was written: it is computed from the
@@ -79,22 +81,49 @@ class Frontiers:
         return cls(int(data["durable_lsn"]), shapes, float(data.get("updated_at", 0)))
 
 
-def state_dir(root: str | Path) -> Path:
-    return Path(root) / "_tidemark"
+def state_dir(root: str | Path, instance: str = "") -> Path:
+    """Where an instance keeps its state (registry, claims, stream, frontiers)."""
+    base = Path(root) / "_tidemark"
+    return base / "instances" / instance if instance else base
 
 
-def frontiers_path(root: str | Path) -> Path:
-    return state_dir(root) / "frontiers.json"
+def instance_states(root: str | Path) -> dict[str, Path]:
+    """Every instance's state folder under ``root`` ('' is the unnamed instance)."""
+    base = state_dir(root)
+    found = {"": base}
+    named = base / "instances"
+    if named.is_dir():
+        found |= {p.name: p for p in sorted(named.iterdir()) if p.is_dir()}
+    return found
 
 
-def load_frontiers(root: str | Path) -> Frontiers | None:
-    path = frontiers_path(root)
+def frontiers_path(root: str | Path, instance: str = "") -> Path:
+    return state_dir(root, instance) / "frontiers.json"
+
+
+def _load(path: Path) -> Frontiers | None:
     try:
         return Frontiers.from_json(path.read_text())
     except FileNotFoundError:
         return None
 
 
-def store_frontiers(root: str | Path, frontiers: Frontiers) -> None:
+def load_frontiers(root: str | Path, instance: str | None = None) -> Frontiers | None:
+    """One instance's frontiers, or (``instance=None``) every instance's shapes in one
+    view, whose ``durable_lsn`` is the lowest of theirs."""
+    if instance is not None:
+        return _load(frontiers_path(root, instance))
+    parts = [f for p in instance_states(root).values() if (f := _load(p / "frontiers.json"))]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    shapes: dict[str, ShapeFrontier] = {}
+    for part in parts:
+        shapes.update(part.shapes)
+    return Frontiers(min(p.durable_lsn for p in parts), shapes, max(p.updated_at for p in parts))
+
+
+def store_frontiers(root: str | Path, frontiers: Frontiers, instance: str = "") -> None:
     stamped = Frontiers(frontiers.durable_lsn, dict(frontiers.shapes), time.time())
-    write_atomically(frontiers_path(root), stamped.to_json())
+    write_atomically(frontiers_path(root, instance), stamped.to_json())

@@ -1,0 +1,42 @@
+"""Where each instance on a sink root keeps its state, and the one view of every
+instance's frontiers that readers use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidemark.config import Settings
+from tidemark.errors import ConfigError
+from tidemark.sink.frontiers import (
+    Frontiers,
+    ShapeFrontier,
+    instance_states,
+    load_frontiers,
+    state_dir,
+    store_frontiers,
+)
+
+
+def test_the_unnamed_instance_keeps_the_round_one_folder(tmp_path: Path) -> None:
+    assert state_dir(tmp_path) == tmp_path / "_tidemark"
+    assert state_dir(tmp_path, "eu") == tmp_path / "_tidemark" / "instances" / "eu"
+
+
+def test_readers_see_every_instances_shapes_and_the_lowest_durable_lsn(tmp_path: Path) -> None:
+    store_frontiers(tmp_path, Frontiers(500, {"a1": ShapeFrontier(500, 400)}), "a")
+    store_frontiers(tmp_path, Frontiers(300, {"b1": ShapeFrontier(300, None)}), "b")
+    assert set(instance_states(tmp_path)) == {"", "a", "b"}
+    merged = load_frontiers(tmp_path)
+    assert merged is not None and merged.durable_lsn == 300
+    assert merged.shapes["a1"].frontier_lsn == 500 and merged.shapes["b1"].frontier_lsn == 300
+    only_a = load_frontiers(tmp_path, "a")
+    assert only_a is not None and set(only_a.shapes) == {"a1"}
+    assert load_frontiers(tmp_path, "c") is None
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "x y", "z" * 64])
+def test_an_instance_name_that_is_not_a_folder_name_is_refused(name: str) -> None:
+    with pytest.raises((ConfigError, ValueError)):
+        Settings.model_validate({"instance": {"name": name}})
