@@ -199,10 +199,12 @@ class ShapeLogCollector:
             for writer in txn.touched.values():
                 writer.abort_txn()
 
-    def handle(self, msg: m.Message) -> None:
+    def handle(self, msg: m.Message, size: int = 0) -> None:
+        """One decoded message; ``size``: its length on the wire, charged to every shape
+        a change is routed to (the memory budget's measure of a row)."""
         kind = type(msg)
         if kind is m.Insert or kind is m.Update or kind is m.Delete:
-            self._change(msg)  # type: ignore[arg-type]
+            self._change(msg, size)  # type: ignore[arg-type]
         elif kind is m.Begin:
             self._begin(msg)  # type: ignore[arg-type]
         elif kind is m.Commit:
@@ -261,7 +263,7 @@ class ShapeLogCollector:
             return
         self._txn = _Txn(begin.final_lsn, begin.xid, begin.commit_ts)
 
-    def _change(self, change: m.Insert | m.Update | m.Delete) -> None:
+    def _change(self, change: m.Insert | m.Update | m.Delete, size: int = 0) -> None:
         txn = self._txn
         if txn is None:
             if self._skipping:
@@ -276,7 +278,7 @@ class ShapeLogCollector:
             return  # a published table no shape reads
         if not len(index):
             return
-        self._deliver(txn, convert(index, change), 2 * i)
+        self._deliver(txn, convert(index, change), 2 * i, size)
 
     def _truncate(self, trunc: m.Truncate) -> None:
         txn = self._txn
@@ -291,7 +293,7 @@ class ShapeLogCollector:
             if index is not None and len(index):
                 self._deliver(txn, convert_truncate(index), 2 * i)
 
-    def _deliver(self, txn: _Txn, routed: list[Any], op: int) -> None:
+    def _deliver(self, txn: _Txn, routed: list[Any], op: int, size: int = 0) -> None:
         seen: set[str] | None = set() if len(routed) > 1 else None
         for item in routed:
             if type(item) is ShapeResync:
@@ -319,7 +321,7 @@ class ShapeLogCollector:
                 if name in seen:
                     row_op = op + 1
                 seen.add(name)
-            writer.append(row_op, kind, values, list(unchanged) if unchanged else None, 64)
+            writer.append(row_op, kind, values, list(unchanged) if unchanged else None, size)
             self.stats.rows_routed += 1
 
     def _commit(self, commit: m.Commit) -> None:
@@ -345,5 +347,11 @@ class ShapeLogCollector:
     def passed_invisible(self, visible: Callable[[int], bool]) -> list[int]:
         """Xids of recent commits the collector already handled that ``visible`` (a
         snapshot's visibility) does not see: the snapshot misses them, and so would a
-        shape fenced by it."""
-        return [xid for xid in self._recent_xids if not visible(xid)]
+        shape fenced by it. The transaction being received counts too: it committed
+        (pgoutput sends a transaction at its commit), a shape added now declines it,
+        and a snapshot taken in the instant between its commit record and its
+        visibility does not have it."""
+        xids = list(self._recent_xids)
+        if self._txn is not None:
+            xids.append(self._txn.xid)
+        return [xid for xid in xids if not visible(xid)]

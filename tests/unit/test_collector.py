@@ -254,3 +254,20 @@ def test_a_shape_added_mid_transaction_skips_that_transaction() -> None:
     collector.handle(m.Commit(0, 100, 108, 0))
     txn(collector, 200, m.Insert(ORDERS.oid, row(3, "eu")))
     assert [r[2][0] for r in writer.rows()] == [b"3"]
+
+
+def test_a_snapshot_that_misses_the_transaction_being_received_is_unusable(setup) -> None:  # type: ignore[no-untyped-def]
+    # given the consumer paused in the middle of a transaction (a socket read ends
+    # inside it): pgoutput sent it because it committed
+    collector, *_ = setup
+    txn(collector, 100, m.Insert(ORDERS.oid, row(1, "eu")), xid=40)
+    collector.handle(m.Begin(200, 0, 41))
+    collector.handle(m.Insert(ORDERS.oid, row(2, "eu")))
+    # when a new snapshot sees xid 40 but not 41 (taken between 41's commit record and
+    # its visibility), a shape fenced by it would decline 41 and miss its rows
+    missed = collector.passed_invisible(lambda xid: xid != 41)
+    # then the snapshot is refused for 41, and for nothing else
+    assert missed == [41]
+    assert collector.passed_invisible(lambda xid: True) == []
+    collector.handle(m.Commit(0, 200, 208, 0))
+    assert collector.passed_invisible(lambda xid: xid != 41) == [41]  # a recent commit now
