@@ -11,7 +11,8 @@ on three Spark engines, in one run:
 
 Each engine gets a fresh embedded PostgreSQL 16 and the same workload; only one
 engine's JVMs run at a time. Connect goes last: a Connect session switches pyspark's
-process into Connect mode for good.
+process into Connect mode for good. Then the takeover figures (takeover_bench.py):
+a standby taking over a SIGKILLed leader, 5 tries.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ def main(rows: int = 200_000) -> dict[str, dict[str, float]]:
             f"{r['lag_p50_s']:>8.2f}s{r['lag_p99_s']:>8.2f}s"
         )
     print(f"(ack lag: source commit -> confirmed_flush_lsn at {5_000:,} rows/s, max_age_s = 1)")
+    from bench import takeover_bench
+
+    takeover = takeover_bench.main()
+    results["takeover"] = takeover
     return results
 
 

@@ -79,6 +79,7 @@ from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 log = structlog.get_logger("tidemark.app")
 
 FRAGMENT_CHANGES = 10_000  # backpressure check at least this often inside a batch
+FRAGMENT_BYTES = 4 * 1024 * 1024  # ... and at least every this many bytes received
 AUDIT_EVERY_S = 30.0  # tables' transaction versions checked against the writers
 AUDIT_TABLES_PER_ROUND = 50
 
@@ -257,17 +258,19 @@ class Service:
         assert scheduler is not None and decoder is not None
         decode, handle, metrics = decoder.decode, collector.handle, self.metrics
         before_txns = collector.stats.transactions
-        count = 0
+        count = received = 0
         for payload in batch.payloads:
             try:
                 message = decode(payload)
             except ProtocolError:
                 metrics.decode_errors.inc()
                 raise
-            handle(message)
+            size = len(payload)
+            handle(message, size)
             count += 1
-            if count >= FRAGMENT_CHANGES:
-                count = 0
+            received += size
+            if count >= FRAGMENT_CHANGES or received >= FRAGMENT_BYTES:
+                count = received = 0
                 scheduler.poke()
                 await scheduler.wait_for_room()
         new_txns = collector.stats.transactions - before_txns
@@ -601,6 +604,13 @@ class Service:
             last = self.violations[-1]
             reasons.append(f"invariant violated: {last.kind}: {last.message}")
         grace = self.settings.monitor.stall_grace_s
+        waiting = self.scheduler.waiting_since if self.scheduler is not None else None
+        if waiting is not None and time.monotonic() - waiting > grace:
+            assert self.scheduler is not None
+            reasons.append(
+                f"the stream has waited {time.monotonic() - waiting:.0f}s for memory: "
+                f"{self.scheduler.memory_report()}"
+            )
         for stalled in self.stalled_shapes():
             reasons.append(f"shape {stalled.name} has held the flush boundary for over {grace}s")
         for name in self.shapes:

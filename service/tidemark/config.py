@@ -186,6 +186,17 @@ class FlushSettings(_Section):
     memory_budget_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     stage_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
 
+    @model_validator(mode="after")
+    def _budget_holds_a_staged_part(self) -> FlushSettings:
+        if self.memory_budget_bytes < self.stage_bytes:
+            raise ValueError(
+                f"memory_budget_bytes ({self.memory_budget_bytes}) is below stage_bytes "
+                f"({self.stage_bytes}): one open transaction may buffer up to stage_bytes "
+                "before it is staged, so the stream would wait on a budget it cannot fit. "
+                "Raise memory_budget_bytes or lower stage_bytes"
+            )
+        return self
+
 
 class HttpSettings(_Section):
     host: str = "127.0.0.1"

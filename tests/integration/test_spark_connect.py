@@ -20,12 +20,12 @@ import pytest
 from deltalake import DeltaTable
 
 from tidemark.embedded import free_port
-from tidemark.embedded_spark import ConnectServer
+from tidemark.embedded_spark import ConnectServer, StandaloneCluster
 from tidemark.lsn import format_lsn
 from tidemark.sink.table import table_path
 from tidemark.spark import CONNECT_JOB_BYTES
 
-from .conftest import PgDatabase
+from .conftest import ONE_SERVER, PgDatabase
 from .remote_service import (
     ROOT,
     descendants,
@@ -110,3 +110,40 @@ def test_a_batch_bigger_than_one_connect_job_is_written_whole(
     table = DeltaTable(str(table_path(tmp_path, "big"))).to_pyarrow_table(columns=["id"])
     ids = table.column("id").to_pylist()
     assert len(ids) == rows and set(ids) == set(range(rows))
+
+
+@ONE_SERVER
+async def test_a_connect_server_on_the_standalone_cluster_as_the_compose_profile_runs_it(
+    pg_db: PgDatabase, spark_cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    # given the compose `spark` profile's arrangement: the Connect server is the driver
+    # of an application on the standalone cluster, with one of its cores
+    cluster_conf = {
+        "spark.driver.host": "127.0.0.1",
+        "spark.executor.memory": "512m",
+        "spark.cores.max": "1",
+    }
+    pg_db.execute(SCHEMA)
+    root = tmp_path / "lake"
+    port = free_port()
+    with ConnectServer(master=spark_cluster.master_url, conf=cluster_conf) as server:
+        env = service_env(
+            dsn=pg_db.dsn, root=root, port=port, name="tm_connect_cluster", shapes=SHAPES,
+            remote=server.url,
+        )  # fmt: skip
+        log = tmp_path / "service.log"
+        proc = start_service(env, log)
+        try:
+            wait_streaming(port, proc, log, timeout=180)
+            await mixed_workload(pg_db)
+            target = format_lsn(current_lsn(pg_db.dsn))
+            wait_shapes(port, target, [s["name"] for s in SHAPES], timeout=180)
+        finally:
+            stop_service(proc, log)
+        # then every shape equals Postgres, and the cluster ran the server's application
+        out = connect_client("fold", server.url, str(root), pg_db.dsn, json.dumps(TRUTH))
+    for result in out["shapes"].values():
+        assert result["equal"], result["describe"]
+    apps = spark_cluster.status()
+    names = [a["name"] for a in apps["activeapps"] + apps["completedapps"]]
+    assert "tidemark-connect" in names, names

@@ -10,9 +10,11 @@ flushes go before backfill work.
 
 Memory: buffered bytes across all writers are bounded by ``memory_budget``. Above
 it, ``wait_for_room`` blocks the consumer (so the replication reader stops
-reading the socket) and the biggest writers flush first; a transaction whose own
-open rows exceed ``stage_bytes`` is staged to Parquet (written, not committed)
-so a huge transaction never needs its size in RAM.
+reading the socket), the biggest writers flush first, and open transactions are
+staged to Parquet (written, not committed) by ``tidemark.writers.memory``'s rule:
+a part over ``stage_bytes`` always, and the biggest parts of all writers while the
+total is over the budget, so a wait always has a job that frees memory.
+``waiting_since`` tells readiness how long the stream has waited.
 
 A job that fails (Spark, the Delta commit, a value that cannot be converted) is
 retried in process, the same batch again, with capped exponential backoff; the
@@ -38,6 +40,7 @@ import structlog
 from tidemark.aio import wait_event
 from tidemark.writers.buffer import Batch, Delivery, Rows
 from tidemark.writers.job import CommitResult, commit_batch, write_parquet
+from tidemark.writers.memory import OpenPart, parts_to_stage
 from tidemark.writers.writer import JobFailure, ShapeWriter
 
 RETRY_FIRST_S = 0.5
@@ -93,6 +96,7 @@ class FlushScheduler:
         self._flush_all_requested = False
         self._idle = asyncio.Event()
         self._idle.set()
+        self.waiting_since: float | None = None  # the stream waits for memory since
 
     # -- writers ------------------------------------------------------------------
 
@@ -109,6 +113,25 @@ class FlushScheduler:
         # rows handed to a job stay in memory until it finishes: they count too
         return sum(w.buffer.nbytes + w.in_flight_bytes for w in self.writers.values())
 
+    def memory_report(self, top: int = 3) -> str:
+        """Where the buffered bytes are: the total against the budget, and the biggest
+        writers' open, ready and in-job bytes."""
+        mib = 1024 * 1024
+        biggest = sorted(
+            self.writers.values(),
+            key=lambda w: -(w.buffer.nbytes + w.in_flight_bytes),
+        )[:top]
+        parts = [
+            f"{w.shape} (open {w.buffer.open_bytes / mib:.1f} MiB, ready "
+            f"{w.buffer.ready_bytes / mib:.1f} MiB, in a job {w.in_flight_bytes / mib:.1f} MiB"
+            f"{', failing: ' + w.failure.error if w.failure else ''})"
+            for w in biggest
+        ]
+        return (
+            f"buffered {self.buffered_bytes / mib:.1f} MiB of a "
+            f"{self.policy.memory_budget / mib:.1f} MiB budget; biggest: {', '.join(parts)}"
+        )
+
     def poke(self) -> None:
         """Something was appended or committed: re-evaluate soon."""
         self._wake.set()
@@ -118,11 +141,15 @@ class FlushScheduler:
         if self.buffered_bytes < self.policy.memory_budget:
             return
         self.stats.backpressure_waits += 1
-        self._room.clear()
-        self._wake.set()
-        while self.buffered_bytes >= self.policy.memory_budget:
+        self.waiting_since = self._clock()
+        try:
             self._room.clear()
-            await self._room.wait()
+            self._wake.set()
+            while self.buffered_bytes >= self.policy.memory_budget:
+                self._room.clear()
+                await self._room.wait()
+        finally:
+            self.waiting_since = None
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -190,12 +217,16 @@ class FlushScheduler:
             if batch is None:
                 continue
             self._launch(writer, self._flush_job(writer, batch), batch.rows.nbytes, batch.first_lsn)
-        for writer in self.writers.values():
-            if (
-                not writer.in_flight
-                and writer.retry is None
-                and writer.buffer.open_bytes >= self.policy.stage_bytes
-            ):
+        parts = [
+            OpenPart(w.shape, w.buffer.open_bytes, w.in_flight or w.retry is not None)
+            for w in self.writers.values()
+        ]
+        staging = parts_to_stage(
+            parts, self.buffered_bytes, self.policy.memory_budget, self.policy.stage_bytes
+        )
+        for name in staging:
+            writer = self.writers[name]
+            if not writer.in_flight and writer.retry is None:
                 taken = writer.buffer.take_open_rows()
                 if taken is not None:
                     delivery, rows = taken
