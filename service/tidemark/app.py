@@ -384,6 +384,9 @@ class Service:
         assert self.lease is not None
         from tidemark.api.server import serve
 
+        if await self.lease.try_acquire():  # the usual case: nobody else runs
+            log.info("lease.acquired", slot=self.settings.source.slot)
+            return await self._lead()
         self.phase, self.role = "standby", "standby"
         self.metrics.leader.set(0)
         systemd.notify("READY=1\nSTATUS=standby: waiting for the leader lease")
@@ -393,11 +396,15 @@ class Service:
             if not await self.lease.acquire(self._stop):
                 self.phase = "stopped"
                 return False
-            await self.lease.take_over_slot()
         finally:
             for task in (http, watchdog):
                 task.cancel()
             await asyncio.gather(http, watchdog, return_exceptions=True)
+        return await self._lead()
+
+    async def _lead(self) -> bool:
+        assert self.lease is not None
+        await self.lease.take_over_slot()
         # the old leader may have changed shapes, claims and the stream record
         self.store.reload()
         self.shapeset.registry.reload()

@@ -12,12 +12,14 @@ protocol is what is tested.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import multiprocessing
 import os
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,9 +28,14 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
+from tidemark.app import Service
 from tidemark.errors import WriterFenced
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.sink.table import DataFile, ShapeTable
+
+from .conftest import PgDatabase
+from .service_support import current_lsn, settings_for, wait_frontiers
+from .test_backfill import HIGH_SHAPE, make_items
 
 COLUMNS = [ColumnSpec("id", 23)]
 SHAPE = "raced"
@@ -143,3 +150,40 @@ def test_two_processes_racing_overlapping_batches_commit_each_transaction_once(
         lsn for first, end in ranges for lsn in range(first, end + 1)
     ]
     assert ShapeTable(root, SHAPE).committed_lsn() == ranges[-1][1]
+
+
+@pytest.mark.parametrize("pg_server", ["wheel"], indirect=True)
+async def test_a_service_whose_commit_is_fenced_stops_and_restarts_clean(
+    pg_db: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    # given a running service, and another writer that committed into its table past
+    # what this process believes (a zombie or a second leader)
+    make_items(pg_db, 100)
+    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
+    service = Service(settings, spark=spark)
+    run = asyncio.create_task(service.run())
+    try:
+        async with asyncio.timeout(60):
+            while service.phase != "streaming" or "high" not in service.shapes:
+                await asyncio.sleep(0.05)
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        assert service.scheduler is not None
+        writer = service.scheduler.writers["high"]
+        table = ShapeTable(str(tmp_path), "high")
+        # (two transactions wait in one batch while the writer is held; the other
+        # writer commits between them)
+        async with service.scheduler.exclusive(writer):
+            pg_db.execute("update items set score = 99 where id <= 10")
+            between = current_lsn(pg_db.dsn)
+            pg_db.execute("update items set score = 98 where id <= 10")
+            await asyncio.sleep(1.0)
+            intruder = _batch_files(table, 1, 1)
+            assert table.commit(intruder, between, {}, first_lsn=between) is not None
+        # when its batch reaches the fence, then it stops with the cause instead of
+        # retrying forever
+        with pytest.raises(WriterFenced, match="another writer committed"):
+            async with asyncio.timeout(60):
+                await run
+    finally:
+        service.request_stop()
+        await asyncio.gather(run, return_exceptions=True)

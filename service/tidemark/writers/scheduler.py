@@ -16,10 +16,13 @@ a part over ``stage_bytes`` always, and the biggest parts of all writers while t
 total is over the budget, so a wait always has a job that frees memory.
 ``waiting_since`` tells readiness how long the stream has waited.
 
-A job that fails (Spark, the Delta commit, a value that cannot be converted) is
-retried in process, the same batch again, with capped exponential backoff; the
-shape reports the failure (``ShapeWriter.failure``: readiness, metrics, API) and
-takes no new batch meanwhile. Nothing of the batch is acknowledged until a retry
+A commit refused by the sink's fence (``WriterFenced``: another process committed
+into the batch) is not retried: ``run`` raises it and the service stops, to be
+restarted with the table's offsets read again. Any other job that fails (Spark,
+the Delta commit, a value that cannot be converted) is retried in process, the
+same batch again, with capped exponential backoff; the shape reports the failure
+(``ShapeWriter.failure``: readiness, metrics, API) and takes no new batch
+meanwhile. Nothing of the batch is acknowledged until a retry
 commits it, so a failure that always repeats holds the acknowledgement (and the
 slot's WAL) with a clear cause instead of crash-looping the process. A retried
 commit that had in fact landed is recognised by the table's transaction version
@@ -38,6 +41,7 @@ from typing import Any
 import structlog
 
 from tidemark.aio import wait_event
+from tidemark.errors import WriterFenced
 from tidemark.writers.buffer import Batch, Delivery, Rows
 from tidemark.writers.job import CommitResult, commit_batch, write_parquet
 from tidemark.writers.memory import OpenPart, parts_to_stage
@@ -97,6 +101,7 @@ class FlushScheduler:
         self._idle = asyncio.Event()
         self._idle.set()
         self.waiting_since: float | None = None  # the stream waits for memory since
+        self.fenced: WriterFenced | None = None
 
     # -- writers ------------------------------------------------------------------
 
@@ -154,8 +159,11 @@ class FlushScheduler:
     # -- the loop ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Start due jobs (and retries of failed ones) until cancelled."""
+        """Start due jobs (and retries of failed ones) until cancelled; raises
+        ``WriterFenced`` when another writer committed into a batch of ours."""
         while True:
+            if self.fenced is not None:
+                raise self.fenced
             self._start_due_jobs()
             self._wake.clear()
             await wait_event(self._wake, self._next_deadline())
@@ -267,7 +275,14 @@ class FlushScheduler:
         task.add_done_callback(done)
 
     def _failed(self, writer: ShapeWriter, job: Job, error: BaseException) -> None:
-        """Keep the job to run it again after a backoff; its bytes stay counted."""
+        """Keep the job to run it again after a backoff; its bytes stay counted. A
+        fenced commit is not retried: what this process holds for the table is stale
+        (another writer committed into it), so the service stops and, restarted,
+        reads the table's offsets again (``run`` raises it)."""
+        if isinstance(error, WriterFenced):
+            log.error("flush.fenced", shape=writer.shape, error=str(error))
+            self.fenced = error
+            return
         previous = writer.failure
         attempts = 1 if previous is None else previous.attempts + 1
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
