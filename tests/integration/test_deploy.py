@@ -297,6 +297,14 @@ def test_the_container_entrypoint_serves_the_compose_environment_and_stops_clean
         assert http_post(url + "/v1/shapes", {"name": "x"})[0] == 401
         assert http_post(url + "/v1/shapes", {"name": "x"}, "wrong")[0] == 403
         assert http_post(url + "/v1/shapes", {"name": "x"}, token)[0] == 400  # no table
+
+        # (a shape still backfilling would take the ticks' rows into its snapshot:
+        # wait until every shape follows the stream)
+        def all_active() -> bool:
+            shapes = json.loads(http_get(url + "/v1/shapes")[1])["shapes"]
+            return bool(shapes) and all(s["state"] == "active" for s in shapes)
+
+        wait_for(all_active, proc, log, timeout=120)
         # when the compose workload script runs a few ticks
         db = urlsplit(shop.db.dsn)
         workload = subprocess.run(
