@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass
 
 import psycopg
@@ -55,7 +54,6 @@ class Holder:
 
     pid: int
     client: str | None
-    since: float | None
 
     def describe(self) -> str:
         where = f" from {self.client}" if self.client else ""
@@ -64,7 +62,7 @@ class Holder:
 
 _TRY = "select pg_try_advisory_lock(hashtextextended(%s, 0))"
 _HOLDER = """
-select a.pid, host(a.client_addr), extract(epoch from a.backend_start)::float8
+select a.pid, host(a.client_addr)
 from pg_locks l join pg_stat_activity a on a.pid = l.pid
 where l.locktype = 'advisory' and l.granted and l.objsubid = 1
   and l.database = (select oid from pg_database where datname = current_database())
@@ -86,7 +84,6 @@ class LeaderLease:
         self.check_s = check_s
         self.held = False
         self.holder: Holder | None = None  # the other instance's, while standing by
-        self.acquired_at: float | None = None
         self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
@@ -108,17 +105,13 @@ class LeaderLease:
         conn = await self._connect()
         row = await (await conn.execute(_TRY, (self.key,))).fetchone()
         if row is not None and row[0]:
-            self.held, self.holder, self.acquired_at = True, None, time.time()
+            self.held, self.holder = True, None
             return True
         found = await (await conn.execute(_HOLDER, (self.key,))).fetchone()
         self.holder = None
         if found is not None:
-            pid, client, since = found
-            self.holder = Holder(
-                int(str(pid)),
-                None if client is None else str(client),
-                None if since is None else float(str(since)),
-            )
+            pid, client = found
+            self.holder = Holder(int(str(pid)), None if client is None else str(client))
         return False
 
     async def acquire(self, stop: asyncio.Event) -> bool:
