@@ -50,6 +50,7 @@ import structlog
 
 from tidemark import systemd
 from tidemark.aio import wait_event
+from tidemark.allocators import return_freed_memory
 from tidemark.config import Settings, load_settings
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
@@ -235,7 +236,10 @@ class Service:
                 break
             async with self._consume_lock:
                 if type(item) is WalBatch:
-                    await self._consume_batch(item)
+                    try:
+                        await self._consume_batch(item)
+                    finally:
+                        self.client.consumed(item)
                 elif type(item) is KeepaliveMark:
                     self._last_keepalive_end = item.wal_end
                     if not self.collector.in_txn:
@@ -289,6 +293,7 @@ class Service:
     async def run(self) -> None:
         """Run until stopped; raises the error that stopped it, if any."""
         settings = self.settings
+        return_freed_memory()
         self.metrics.up.set(1)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -327,6 +332,7 @@ class Service:
                     create_publication=src.create_publication,
                     create_slot=src.create_slot,
                     failover_slot=src.failover_slot,
+                    streaming=src.stream_large_transactions,
                     reconnect_max_s=src.reconnect_max_s,
                 ),
                 guard=self.guard,

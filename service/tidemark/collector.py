@@ -31,8 +31,26 @@ fragments of at most ``fragment_changes`` changes):
   (``passed_invisible``).
 * ``Origin``, ``Type``, ``Message``: recorded, never fatal.
 
-Streamed in-progress transactions (protocol ``streaming``) are not consumed here:
-the service does not request them (large transactions spill on the server).
+Transactions Postgres streams before they commit (protocol ``streaming 'on'``:
+those over ``logical_decoding_work_mem``) arrive in blocks between ``Stream Start``
+and ``Stream Stop``, several open at once and interleaved with ordinary ones:
+
+* their changes are routed and converted as they arrive, numbered per top-level
+  transaction like any other, and go to each shape's writer under the xid
+  (``stream_append``); the writer spools them when memory asks;
+* ``Stream Abort`` of a subtransaction drops, in every shape, the rows from that
+  subtransaction's first change on (the rule Postgres's own subscriber applies);
+  of the top-level xid, the whole transaction;
+* ``Stream Commit`` is where the transaction enters the FlushTracker, in commit
+  order like a ``Commit``: shapes whose sink or snapshot has it already decline it
+  then (its commit LSN was not known before);
+* a reconnect drops every open streamed transaction: Postgres streams it again
+  from its start;
+* a shape's snapshot must not be taken while a streamed transaction that already
+  sent changes of its table is in progress (``passed_invisible`` names it): the
+  shape would get only the rest of it.
+
+Two-phase transactions (``two_phase``) are not requested.
 
 Pure: no IO, no clock, no logging; the service reacts to what it returns.
 """
@@ -70,6 +88,9 @@ class CollectorStats:
     origins: int = 0
     types: int = 0
     relations: int = 0
+    streamed_commits: int = 0
+    streamed_aborts: int = 0
+    subtransaction_aborts: int = 0
     resyncs: list[ShapeResync] = field(default_factory=list)
 
 
@@ -81,6 +102,17 @@ class _Txn:
     changes: int = 0
     touched: dict[str, ShapeWriter] = field(default_factory=dict)
     declined: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _StreamedTxn:
+    """A transaction Postgres streams before its commit."""
+
+    xid: int
+    changes: int = 0
+    first_change: dict[int, int] = field(default_factory=dict)  # subxid -> change index
+    oids: set[int] = field(default_factory=set)  # tables it changed
+    holders: dict[str, ShapeWriter] = field(default_factory=dict)
 
 
 def table_key_of(relation: m.Relation) -> TableKey:
@@ -106,6 +138,8 @@ class ShapeLogCollector:
         self._domains: dict[TableKey, Mapping[int, tuple[int, int]]] = {}
         self._fences: dict[str, SnapshotFence] = {}
         self._txn: _Txn | None = None
+        self._streams: dict[int, _StreamedTxn] = {}
+        self._block: _StreamedTxn | None = None  # between Stream Start and Stream Stop
         self._skipping = False
         self.last_commit_lsn: int | None = None
         self._recent_xids: deque[int] = deque(maxlen=RECENT_COMMITS)
@@ -130,6 +164,10 @@ class ShapeLogCollector:
             self._fences.pop(shape.name, None)
         if self._txn is not None:
             self._txn.declined.add(shape.name)
+        for streamed in self._streams.values():  # routed again behind a new snapshot
+            stale = streamed.holders.pop(shape.name, None)
+            if stale is not None:
+                stale.stream_discard(streamed.xid)
         rel = shape.relation
         key = (rel.namespace or "pg_catalog", rel.name)
         if domain_bases:
@@ -157,6 +195,10 @@ class ShapeLogCollector:
             del self._txn.touched[name]
             if writer is not None:
                 writer.abort_txn()
+        for streamed in self._streams.values():
+            holder = streamed.holders.pop(name, None)
+            if holder is not None:
+                holder.stream_discard(streamed.xid)
         self.tracker.handle_shape_removed(name)
 
     def _bind_into(self, index: ShapeIndex, shape: BoundShape) -> None:
@@ -198,13 +240,25 @@ class ShapeLogCollector:
         if txn is not None:
             for writer in txn.touched.values():
                 writer.abort_txn()
+        streams, self._streams, self._block = self._streams, {}, None
+        for streamed in streams.values():
+            for writer in streamed.holders.values():
+                writer.stream_discard(streamed.xid)
+
+    @property
+    def open_streams(self) -> int:
+        """Streamed transactions begun and neither committed nor aborted yet."""
+        return len(self._streams)
 
     def handle(self, msg: m.Message, size: int = 0) -> None:
         """One decoded message; ``size``: its length on the wire, charged to every shape
         a change is routed to (the memory budget's measure of a row)."""
         kind = type(msg)
         if kind is m.Insert or kind is m.Update or kind is m.Delete:
-            self._change(msg, size)  # type: ignore[arg-type]
+            if self._block is not None:
+                self._stream_change(msg, size)  # type: ignore[arg-type]
+            else:
+                self._change(msg, size)  # type: ignore[arg-type]
         elif kind is m.Begin:
             self._begin(msg)  # type: ignore[arg-type]
         elif kind is m.Commit:
@@ -212,7 +266,18 @@ class ShapeLogCollector:
         elif kind is m.Relation:
             self._relation(msg)  # type: ignore[arg-type]
         elif kind is m.Truncate:
-            self._truncate(msg)  # type: ignore[arg-type]
+            if self._block is not None:
+                self._stream_truncate(msg)  # type: ignore[arg-type]
+            else:
+                self._truncate(msg)  # type: ignore[arg-type]
+        elif kind is m.StreamStart:
+            self._stream_start(msg)  # type: ignore[arg-type]
+        elif kind is m.StreamStop:
+            self._block = None
+        elif kind is m.StreamCommit:
+            self._stream_commit(msg)  # type: ignore[arg-type]
+        elif kind is m.StreamAbort:
+            self._stream_abort(msg)  # type: ignore[arg-type]
         elif kind is m.LogicalMessage:
             self.stats.logical_messages += 1
         elif kind is m.Origin:
@@ -221,8 +286,8 @@ class ShapeLogCollector:
             self.stats.types += 1
         else:
             raise ProtocolError(
-                f"{kind.__name__} arrived, but tidemark does not request streamed or "
-                "two-phase transactions: check the publication/slot options"
+                f"{kind.__name__} arrived, but tidemark does not request two-phase "
+                "transactions: check the slot (created with two_phase?) and the options"
             )
 
     def handle_all(self, messages: Iterable[m.Message]) -> None:
@@ -344,14 +409,142 @@ class ShapeLogCollector:
         self._recent_xids.append(txn.xid)
         self.stats.transactions += 1
 
-    def passed_invisible(self, visible: Callable[[int], bool]) -> list[int]:
+    # -- transactions streamed before their commit ----------------------------------
+
+    def _stream_start(self, start: m.StreamStart) -> None:
+        if self._txn is not None:
+            raise ProtocolError(
+                f"Stream Start of transaction {start.xid} inside transaction {self._txn.xid}"
+            )
+        streamed = self._streams.get(start.xid)
+        if streamed is None or start.first_segment:
+            if streamed is not None:  # streamed again from its start: forget the first
+                for writer in streamed.holders.values():
+                    writer.stream_discard(streamed.xid)
+            streamed = self._streams[start.xid] = _StreamedTxn(start.xid)
+        self._block = streamed
+
+    def _stream_change(self, change: m.Insert | m.Update | m.Delete, size: int) -> None:
+        streamed = self._block
+        assert streamed is not None
+        i = streamed.changes
+        streamed.changes = i + 1
+        self.stats.changes += 1
+        sub = change.xid
+        if sub is not None and sub != streamed.xid and sub not in streamed.first_change:
+            streamed.first_change[sub] = i
+        oid = change.relation_oid
+        index = self._indexes.get(oid)
+        if index is None:
+            self.relations.get(oid)  # unknown oid: a clear ProtocolError
+            return
+        streamed.oids.add(oid)
+        if len(index):
+            self._stream_deliver(streamed, convert(index, change), 2 * i, size)
+
+    def _stream_truncate(self, trunc: m.Truncate) -> None:
+        streamed = self._block
+        assert streamed is not None
+        sub = trunc.xid
+        if sub is not None and sub != streamed.xid and sub not in streamed.first_change:
+            streamed.first_change[sub] = streamed.changes
+        for oid in trunc.relation_oids:
+            i = streamed.changes
+            streamed.changes = i + 1
+            streamed.oids.add(oid)
+            index = self._indexes.get(oid)
+            if index is not None and len(index):
+                self._stream_deliver(streamed, convert_truncate(index), 2 * i)
+
+    def _stream_deliver(
+        self, streamed: _StreamedTxn, routed: list[Any], op: int, size: int = 0
+    ) -> None:
+        seen: set[str] | None = set() if len(routed) > 1 else None
+        for item in routed:
+            if type(item) is ShapeResync:
+                self._resync(item)
+                continue
+            name, kind, values, unchanged = item
+            writer = streamed.holders.get(name)
+            if writer is None:
+                writer = self._writers.get(name)
+                if writer is None:
+                    continue
+                streamed.holders[name] = writer
+            row_op = op
+            if seen is not None:
+                if name in seen:
+                    row_op = op + 1
+                seen.add(name)
+            writer.stream_append(
+                streamed.xid, row_op, kind, values, list(unchanged) if unchanged else None, size
+            )
+            self.stats.rows_routed += 1
+
+    def _stream_abort(self, abort: m.StreamAbort) -> None:
+        streamed = self._streams.get(abort.xid)
+        if streamed is None:
+            return  # nothing of it reached us (or a reconnect forgot it)
+        if abort.subxid == abort.xid:
+            del self._streams[abort.xid]
+            if self._block is streamed:
+                self._block = None
+            for writer in streamed.holders.values():
+                writer.stream_discard(streamed.xid)
+            self.stats.streamed_aborts += 1
+            return
+        self.stats.subtransaction_aborts += 1
+        first = streamed.first_change.get(abort.subxid)
+        if first is None:
+            return  # it changed nothing
+        # the subtransaction and everything after its first change (its own nested
+        # subtransactions) is gone
+        streamed.first_change = {s: i for s, i in streamed.first_change.items() if i < first}
+        lo, hi = 2 * first, 2 * streamed.changes
+        for writer in streamed.holders.values():
+            writer.stream_drop(streamed.xid, lo, hi)
+
+    def _stream_commit(self, commit: m.StreamCommit) -> None:
+        streamed = self._streams.pop(commit.xid, None)
+        lsn = commit.commit_lsn
+        if streamed is None:
+            streamed = _StreamedTxn(commit.xid)  # streamed without a change for us
+        if self.last_commit_lsn is not None and lsn <= self.last_commit_lsn:
+            for writer in streamed.holders.values():  # re-sent after a reconnect
+                writer.stream_discard(streamed.xid)
+            self.stats.transactions_skipped += 1
+            return
+        touched: dict[str, ShapeWriter] = {}
+        for name, writer in streamed.holders.items():
+            fence = self._fences.get(name)
+            if (fence is not None and fence.skips(lsn, streamed.xid)) or not writer.stream_wants(
+                lsn
+            ):
+                writer.stream_discard(streamed.xid)  # its snapshot or sink has it
+                continue
+            touched[name] = writer
+        last = LogOffset(lsn, 2 * streamed.changes + 1)
+        self.tracker.handle_txn_fragment(CommitFragment(last), touched.keys())
+        for writer in touched.values():
+            writer.stream_commit(streamed.xid, lsn, commit.commit_ts, last)
+        self.last_commit_lsn = lsn
+        self._recent_xids.append(streamed.xid)
+        self.stats.transactions += 1
+        self.stats.streamed_commits += 1
+
+    def passed_invisible(self, visible: Callable[[int], bool], oid: int | None = None) -> list[int]:
         """Xids of recent commits the collector already handled that ``visible`` (a
         snapshot's visibility) does not see: the snapshot misses them, and so would a
         shape fenced by it. The transaction being received counts too: it committed
         (pgoutput sends a transaction at its commit), a shape added now declines it,
         and a snapshot taken in the instant between its commit record and its
-        visibility does not have it."""
+        visibility does not have it.
+
+        So does a streamed transaction in progress that already changed table ``oid``
+        (any table when None): the snapshot does not see it, and the shape, routed from
+        now on, would get only its remaining changes."""
         xids = list(self._recent_xids)
         if self._txn is not None:
             xids.append(self._txn.xid)
+        xids += [x for x, s in self._streams.items() if oid is None or oid in s.oids]
         return [xid for xid in xids if not visible(xid)]

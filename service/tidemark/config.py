@@ -68,6 +68,14 @@ class SourceSettings(_Section):
         description="create the publication FOR ALL TABLES (superuser) instead of the shape tables",
     )
     reconnect_max_s: float = 30.0
+    stream_large_transactions: bool = Field(
+        default=True,
+        description=(
+            "ask Postgres to stream transactions larger than logical_decoding_work_mem "
+            "while they run (pgoutput streaming 'on') instead of spilling them to disk on "
+            "the server and sending them whole at commit"
+        ),
+    )
     on_stream_gap: Literal["fail", "resync"] = Field(
         default="fail",
         description=(

@@ -225,6 +225,37 @@ class Metrics:
         self.backpressure_waits = Counter(
             "tidemark_backpressure_waits_total", "Times the stream waited for memory", registry=r
         )
+        self.memory_budget = Gauge(
+            "tidemark_memory_budget_bytes",
+            "The budget tidemark_buffered_bytes stays under",
+            registry=r,
+        )
+        self.blocked_seconds = Counter(
+            "tidemark_stream_blocked_seconds_total",
+            "Time the replication reader waited for memory (staging or flush jobs)",
+            registry=r,
+        )
+        self.stage_jobs = Counter(
+            "tidemark_stage_jobs_total",
+            "Jobs that wrote open transactions' rows out of memory (staged or spooled)",
+            registry=r,
+        )
+        self.spooled_bytes = Counter(
+            "tidemark_spooled_bytes_total",
+            "Parquet bytes spooled for transactions Postgres streams before their commit",
+            registry=r,
+        )
+        self.open_streamed = Gauge(
+            "tidemark_open_streamed_transactions",
+            "Transactions Postgres is streaming (begun, not yet committed or aborted)",
+            registry=r,
+        )
+        self.streamed_transactions = Counter(
+            "tidemark_streamed_transactions_total",
+            "Streamed transactions by outcome",
+            ["outcome"],
+            registry=r,
+        )
         self.streaming = Gauge(
             "tidemark_streaming", "1 while the replication stream is up", registry=r
         )
@@ -273,7 +304,11 @@ def refresh_metrics(service: Any) -> None:
     scheduler = service.scheduler
     if scheduler is not None:
         m.buffered_bytes.set(scheduler.buffered_bytes)
+        m.memory_budget.set(scheduler.policy.memory_budget)
         _set_counter(m.backpressure_waits, scheduler.stats.backpressure_waits)
+        _set_counter(m.blocked_seconds, scheduler.stats.blocked_seconds)
+        _set_counter(m.stage_jobs, scheduler.stats.stage_jobs)
+        _set_counter(m.spooled_bytes, scheduler.stats.spooled_bytes)
         _set_counter(m.flush_failures, scheduler.stats.job_failures)
         for name, writer in scheduler.writers.items():
             buf = writer.buffer
@@ -297,6 +332,9 @@ def refresh_metrics(service: Any) -> None:
         m.shapes.labels(state).set(count)
     collector = service.collector
     _set_counter(m.source_changes, collector.stats.changes)
+    m.open_streamed.set(collector.open_streams)
+    _set_counter(m.streamed_transactions.labels("committed"), collector.stats.streamed_commits)
+    _set_counter(m.streamed_transactions.labels("aborted"), collector.stats.streamed_aborts)
     m.unknown_type_values.set(sum(unknown_type_counts().values()))
     monitor = service.monitor
     sample = monitor.state.last if monitor is not None else None

@@ -197,6 +197,9 @@ class ShapeSet:
             list(bound.primary_key),
             definition.model_dump(mode="json"),
         )
+        # rows spooled for a streamed transaction by an earlier run: Postgres streams
+        # any transaction still open again, from its start
+        await asyncio.to_thread(table.clear_spool)
         writer = ShapeWriter(table, specs, self.tracker.handle_flush_notification)
         assert self.scheduler is not None
         self.scheduler.add(writer)

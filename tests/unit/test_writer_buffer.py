@@ -162,3 +162,129 @@ def test_files_staged_for_the_open_delivery_travel_with_it() -> None:
     batch = buf.take_batch()
     assert batch is not None and batch.staged == [staged] and batch.rows.ops == [2]
     assert batch.row_count == 2
+
+
+# -- transactions streamed before their commit ---------------------------------------
+
+
+def spool_file(name: str, rows: int) -> DataFile:
+    return DataFile(f"_spool/{name}/part-0.parquet", 10, rows, 0, "{}")
+
+
+def stream_rows(buf: ShapeBuffer, xid: int, ops: list[int]) -> None:
+    for op in ops:
+        buf.stream_append(xid, op, "insert", (str(op).encode(), b"n", b"x"), None, 10)
+
+
+def test_streamed_rows_wait_apart_until_their_commit_gives_them_an_lsn() -> None:
+    from tidemark.writers.buffer import Spooled
+
+    buf = ShapeBuffer("s")
+    stream_rows(buf, 70, [0, 2])
+    stream_rows(buf, 71, [0])
+    assert buf.open_streams == 2 and buf.stream_bytes > 0 and buf.ready_rows == 0
+    assert buf.oldest_lsn is None  # unknown commit LSN: holds no acknowledgement
+    # rows of 70 left memory into a spool file while it was still open
+    (part, rows), (other, _) = buf.take_stream_rows()
+    assert part.xid == 70 and rows.runs == [(0, 70, 0, 2)] and buf.stream_bytes == 0
+    assert buf.attach_spooled(part, Spooled([spool_file("a", 2)], 0, 2, 2)) == []
+    stream_rows(buf, 70, [4])
+    assert buf.stream_commit(70, lsn=500, commit_ts=9, now=1.0) == 4
+    batch = buf.take_batch()
+    assert batch is not None
+    assert (batch.end_lsn, batch.last_offset, batch.transactions) == (500, LogOffset(500, 4), 1)
+    assert batch.rows.runs == [(500, 70, 9, 1)] and batch.rows.ops == [4]
+    (spooled,) = batch.spooled
+    assert (spooled.lsn, spooled.xid, spooled.commit_ts, spooled.rows) == (500, 70, 9, 2)
+    assert [f.path for f in spooled.files] == ["_spool/a/part-0.parquet"]
+    assert batch.row_count == 3
+    assert other.xid == 71 and buf.open_streams == 1
+
+
+def test_a_subtransaction_abort_drops_buffered_rows_and_spool_files_it_covers() -> None:
+    from tidemark.writers.buffer import Spooled
+
+    buf = ShapeBuffer("s")
+    stream_rows(buf, 70, [0, 2])
+    ((part, _),) = buf.take_stream_rows()
+    buf.attach_spooled(part, Spooled([spool_file("a", 2)], 0, 2, 2))
+    stream_rows(buf, 70, [4, 6])
+    ((_, _),) = buf.take_stream_rows()  # a chunk 4..6 on its way to a spool file
+    stream_rows(buf, 70, [8, 10, 12])
+    # a subtransaction whose first change was op 4 aborts: 4..12 go
+    assert buf.stream_drop(70, 4, 14) == []
+    assert buf.attach_spooled(part, Spooled([spool_file("b", 2)], 4, 6, 2)) == [spool_file("b", 2)]
+    stream_rows(buf, 70, [14])
+    # a later abort that starts inside the first spool file keeps the file (filtered
+    # when rewritten) and drops the buffered row
+    assert buf.stream_drop(70, 2, 16) == []
+    buf.stream_commit(70, 600, 0, 0.0)
+    batch = buf.take_batch()
+    assert batch is not None and len(batch.rows) == 0
+    assert batch.spooled[0].dropped == [(4, 14), (2, 16)]
+    assert [f.path for f in batch.spooled[0].files] == ["_spool/a/part-0.parquet"]
+    assert batch.last_offset == LogOffset(600, 14)
+
+
+def test_spool_files_wholly_inside_an_aborted_range_are_returned_for_deletion() -> None:
+    from tidemark.writers.buffer import Spooled
+
+    buf = ShapeBuffer("s")
+    stream_rows(buf, 70, [0])
+    stream_rows(buf, 70, [2, 4])
+    ((part, _),) = buf.take_stream_rows()
+    buf.attach_spooled(part, Spooled([spool_file("a", 3)], 0, 4, 3))
+    stream_rows(buf, 70, [6])
+    ((part, _),) = buf.take_stream_rows()
+    buf.attach_spooled(part, Spooled([spool_file("b", 1)], 6, 6, 1))
+    assert buf.stream_drop(70, 6, 8) == [spool_file("b", 1)]
+    assert buf.stream_discard(70) == [spool_file("a", 3)]
+    assert buf.open_streams == 0 and buf.take_batch() is None
+
+
+def test_a_chunk_spooled_after_its_transaction_committed_joins_that_commit() -> None:
+    from tidemark.writers.buffer import Spooled
+
+    buf = ShapeBuffer("s")
+    stream_rows(buf, 70, [0, 2])
+    ((part, _),) = buf.take_stream_rows()
+    buf.stream_commit(70, 700, 0, 0.0)  # committed while the spooling job runs
+    assert buf.attach_spooled(part, Spooled([spool_file("a", 2)], 0, 2, 2)) == []
+    batch = buf.take_batch()
+    assert batch is not None and batch.spooled[0].rows == 2 and batch.row_count == 2
+    # a chunk of an aborted transaction is an orphan
+    stream_rows(buf, 71, [0])
+    ((part, _),) = buf.take_stream_rows()
+    buf.stream_discard(71)
+    assert buf.attach_spooled(part, Spooled([spool_file("c", 1)], 0, 0, 1)) == [spool_file("c", 1)]
+
+
+def test_a_streamed_transaction_with_nothing_for_the_shape_commits_nothing() -> None:
+    buf = ShapeBuffer("s")
+    assert buf.stream_commit(99, 800, 0, 0.0) is None
+    assert buf.take_batch() is None
+
+
+def test_rows_split_at_the_front_keep_their_metadata_runs() -> None:
+    from tidemark.writers.buffer import Rows
+
+    rows = Rows()
+    for op in range(5):
+        rows.values.append((str(op).encode(), b"n", b"x"))
+        rows.ops.append(op)
+        rows.kinds.append("insert")
+        rows.unchanged.append(None)
+    rows.runs = [(100, 1, 7, 2), (200, 2, 8, 3)]
+    rows.nbytes = 500
+    peek = rows.peek_front(3)
+    assert peek.ops == [0, 1, 2] and peek.runs == [(100, 1, 7, 2), (200, 2, 8, 1)]
+    assert len(rows) == 5  # peeking leaves the rows
+    front = rows.take_front(3)
+    assert front.ops == [0, 1, 2] and front.runs == [(100, 1, 7, 2), (200, 2, 8, 1)]
+    assert rows.ops == [3, 4] and rows.runs == [(200, 2, 8, 2)]
+    assert (front.nbytes, rows.nbytes) == (300, 200)
+    # both halves build the same metadata the whole would have
+    schema = table_schema(SPECS)
+    lsns = build_table(schema, SPECS, front).column("_lsn").to_pylist()
+    lsns += build_table(schema, SPECS, rows).column("_lsn").to_pylist()
+    assert lsns == [100, 100, 200, 200, 200]

@@ -238,6 +238,27 @@ def progress_json(service: Service) -> dict[str, Any]:
         "postgres": pg,
         "frontiers": {name: lsn_json(f) for name, f in sorted(p.frontiers.items())},
         "violations": [{"kind": v.kind, "message": v.message} for v in service.violations[-10:]],
+        "memory": memory_json(service),
+    }
+
+
+def memory_json(service: Service) -> dict[str, Any] | None:
+    """Buffered bytes against the budget, what left memory early, streamed transactions."""
+    scheduler = service.scheduler
+    if scheduler is None:
+        return None
+    stats = scheduler.stats
+    waiting = scheduler.waiting_since
+    return {
+        "buffered_bytes": scheduler.buffered_bytes,
+        "budget_bytes": scheduler.policy.memory_budget,
+        "stage_jobs": stats.stage_jobs,
+        "spooled_bytes": stats.spooled_bytes,
+        "blocked_s": round(stats.blocked_seconds, 3),
+        "waiting_s": None if waiting is None else round(time.monotonic() - waiting, 3),
+        "open_streamed_transactions": service.collector.open_streams,
+        "streamed_commits": service.collector.stats.streamed_commits,
+        "streamed_aborts": service.collector.stats.streamed_aborts,
     }
 
 

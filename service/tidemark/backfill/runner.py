@@ -113,7 +113,7 @@ class BackfillProgress:
 
 
 Register = Callable[[SnapshotFence], bool]
-PassedInvisible = Callable[[Callable[[int], bool]], list[int]]
+PassedInvisible = Callable[[Callable[[int], bool], int], list[int]]
 
 
 async def run_backfill(
@@ -245,7 +245,7 @@ async def _snapshot(
                 for c in (conn, *readers):
                     await c.execute("rollback")
                 raise CatalogMoved(shape.name)
-            missed = passed_invisible(snapshot.fence.visible)
+            missed = passed_invisible(snapshot.fence.visible, shape.relation.oid)
             if not missed:
                 for reader_conn in readers:
                     await import_snapshot(reader_conn, snapshot.snapshot_id)

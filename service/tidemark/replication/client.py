@@ -75,6 +75,9 @@ class SourceConfig:
     proto_version: int | None = None  # None: the highest the server speaks (v4 on PG 16)
     streaming: bool = False
     queue_batches: int = 64  # bounded queue, in WalBatch items
+    # ... and in bytes: the reader stops reading the socket while the consumer has more
+    # than this to decode (messages of a large transaction can be megabytes each)
+    queue_bytes: int = 8 * 1024 * 1024
     reconnect_initial_s: float = 0.5
     reconnect_max_s: float = 30.0
 
@@ -85,6 +88,7 @@ class WalBatch:
 
     payloads: list[bytes]
     last_lsn: int
+    nbytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +167,8 @@ class ReplicationClient:
         slots.check_name("publication", config.publication)
         self.config = config
         self.queue: asyncio.Queue[StreamItem] = queue or asyncio.Queue(config.queue_batches)
+        self._queued_bytes = 0
+        self._drained = asyncio.Event()
         self.feedback: Feedback | None = None
         self.stats = ClientStats()
         self.start_lsn: int | None = None
@@ -381,7 +387,7 @@ class ReplicationClient:
             f"publication_names '{cfg.publication}'",
             "messages 'true'",
         ]
-        if cfg.streaming:
+        if cfg.streaming and proto >= 2:
             options.append("streaming 'on'")
         command = (
             f"START_REPLICATION SLOT {cfg.slot} LOGICAL {format_lsn(start)} ({', '.join(options)})"
@@ -489,7 +495,7 @@ class ReplicationClient:
                             feedback.note_received(last)
                             stats.messages_received += len(payloads)
                             stats.bytes_received += received
-                            await queue.put(WalBatch(payloads, last))
+                            await self._enqueue(WalBatch(payloads, last, received))
                             payloads, header, received = [], None, 0
                             append = payloads.append
                         feedback.note_keepalive(wal_end, bool(reply))
@@ -512,9 +518,24 @@ class ReplicationClient:
                 feedback.note_received(last)
                 stats.messages_received += len(payloads)
                 stats.bytes_received += received
-                await queue.put(WalBatch(payloads, last))
+                await self._enqueue(WalBatch(payloads, last, received))
                 continue  # there may be more already buffered
             await self._wait_readable(None)
+
+    async def _enqueue(self, batch: WalBatch) -> None:
+        """Queue a batch for the consumer; wait while it has more bytes than
+        ``queue_bytes`` to go through (backpressure reaches the socket)."""
+        self._queued_bytes += batch.nbytes
+        await self.queue.put(batch)
+        while self._queued_bytes > self.config.queue_bytes and not self._stopping:
+            self._drained.clear()
+            await self._drained.wait()
+
+    def consumed(self, batch: WalBatch) -> None:
+        """The consumer is done with ``batch``: its bytes leave the queue's count."""
+        self._queued_bytes -= batch.nbytes
+        if self._queued_bytes <= self.config.queue_bytes:
+            self._drained.set()
 
     async def _status_sender(self) -> None:
         feedback = self.feedback

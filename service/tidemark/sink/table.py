@@ -43,8 +43,10 @@ application id instead of reading a stale offset as "already committed".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -66,6 +68,7 @@ from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
 log = structlog.get_logger("tidemark.sink")
 
 APP_PREFIX = "tidemark:"
+SPOOL_DIR = "_spool"
 COMMIT_ATTEMPTS = 5
 
 
@@ -240,6 +243,38 @@ class ShapeTable:
         """A fresh ``data/<uuid>`` folder name (relative) and its absolute path."""
         rel = f"data/{uuid.uuid4()}"
         return rel, self.path / rel
+
+    def new_spool_dir(self) -> tuple[str, Path]:
+        """A fresh ``_spool/<uuid>`` folder (relative, absolute) for rows of a transaction
+        still being streamed: hidden from Delta readers and vacuum."""
+        rel = f"{SPOOL_DIR}/{uuid.uuid4()}"
+        return rel, self.path / rel
+
+    def delete_spool(self, files: Sequence[DataFile]) -> None:
+        """Delete spool files and their folders (best effort)."""
+        self.delete_files(files)
+        for folder in {(self.path / f.path).parent for f in files}:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+    def clear_spool(self) -> int:
+        """Delete every spool folder (at start: Postgres streams any transaction still
+        open again from its start). Returns how many there were."""
+        root = self.path / SPOOL_DIR
+        if not root.is_dir():
+            return 0
+        count = 0
+        for entry in os.scandir(root):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            count += 1
+        return count
+
+    def file_at(self, rel_path: str) -> DataFile:
+        """A Parquet file of this table folder, described for a commit."""
+        path = self.path / rel_path
+        st = path.stat()
+        rows, stats = _file_stats(path)
+        return DataFile(rel_path, st.st_size, rows, int(st.st_mtime * 1000), stats)
 
     def files_in(self, rel_dir: str) -> list[DataFile]:
         """The Parquet files Spark wrote under ``rel_dir``; Spark's .crc files removed."""

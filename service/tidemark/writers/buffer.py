@@ -21,6 +21,16 @@ never attached to the new one (that would commit its rows twice).
 When the shape's column layout changes (``remap``), buffered rows are rearranged
 by column name, so a value never lands in another column.
 
+A transaction Postgres *streams* before its commit (protocol ``streaming``) has a
+``StreamPart`` per shape, keyed by xid (several streamed transactions can be open
+at once, and an ordinary one beside them). Its commit LSN is unknown until Stream
+Commit, so rows that must leave memory early are *spooled* (Parquet under the
+table's ``_spool/`` folder, ``_lsn`` and ``_commit_ts`` not yet known) and
+rewritten with the commit's values by the flush that commits them
+(``SpooledTxn``). A subtransaction abort drops an ``_op`` range (the rows from the
+subtransaction's first change on, as Postgres's own subscriber truncates its spool
+file); spooled rows of a dropped range are filtered out by that rewrite.
+
 Values stay in pgoutput's representation (text ``bytes``/None/UNCHANGED_TOAST);
 Arrow conversion happens per column when the batch is built. Metadata that is
 constant in a transaction (LSN, xid, commit time) is stored once per transaction
@@ -29,6 +39,7 @@ and expanded when the batch is built.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -67,6 +78,51 @@ class Rows:
         self.has_unchanged |= other.has_unchanged
         self.nbytes += other.nbytes
 
+    def peek_front(self, n: int) -> Rows:
+        """The first ``n`` rows as their own ``Rows`` (this one unchanged)."""
+        front = Rows(
+            self.values[:n],
+            self.ops[:n],
+            self.kinds[:n],
+            self.unchanged[:n],
+            has_unchanged=self.has_unchanged,
+        )
+        left = n
+        for lsn, xid, ts, count in self.runs:
+            if not left:
+                break
+            front.runs.append((lsn, xid, ts, min(count, left)))
+            left -= min(count, left)
+        return front
+
+    def take_front(self, n: int) -> Rows:
+        """Remove the first ``n`` rows (with their metadata runs) and return them; the
+        bytes move in proportion (the per-row sizes are not kept)."""
+        total = len(self.ops)
+        n = min(n, total)
+        front = Rows(
+            self.values[:n],
+            self.ops[:n],
+            self.kinds[:n],
+            self.unchanged[:n],
+            has_unchanged=self.has_unchanged,
+            nbytes=self.nbytes * n // total if total else 0,
+        )
+        for column in (self.values, self.ops, self.kinds, self.unchanged):
+            del column[:n]
+        self.nbytes -= front.nbytes
+        left = n
+        while left and self.runs:
+            lsn, xid, ts, count = self.runs[0]
+            if count <= left:
+                front.runs.append(self.runs.pop(0))
+                left -= count
+            else:
+                front.runs.append((lsn, xid, ts, left))
+                self.runs[0] = (lsn, xid, ts, count - left)
+                left = 0
+        return front
+
     def remap(self, positions: Sequence[int | None]) -> None:
         """Rearrange every row's values: new column ``i`` takes old value
         ``positions[i]`` (None, or beyond a short row: NULL)."""
@@ -74,6 +130,47 @@ class Rows:
             tuple(v[j] if j is not None and j < len(v) else None for j in positions)
             for v in self.values
         ]
+
+
+@dataclass(slots=True)
+class Spooled:
+    """One spooling job's files of a streamed transaction, and the ops they hold."""
+
+    files: list[DataFile]
+    first_op: int
+    last_op: int
+    rows: int
+
+
+@dataclass(slots=True)
+class SpooledTxn:
+    """Spool files the flush has Spark rewrite into the table: a committed streamed
+    transaction's (its commit LSN and time set, the ``dropped`` op ranges left out),
+    or, with ``lsn`` None, a large batch's rows written out in slices (complete)."""
+
+    files: list[DataFile]
+    dropped: list[tuple[int, int]]  # [lo, hi) op ranges aborted subtransactions left
+    lsn: int | None
+    xid: int
+    commit_ts: int
+    rows: int  # rows in the files (the rewrite may keep fewer)
+
+
+@dataclass(slots=True, eq=False)
+class StreamPart:
+    """One shape's rows of a transaction still being streamed (commit LSN unknown)."""
+
+    xid: int
+    rows: Rows = field(default_factory=Rows)
+    spooled: list[Spooled] = field(default_factory=list)
+    dropped: list[tuple[int, int]] = field(default_factory=list)
+    last_op: int = -1  # the last row's _op appended (kept or dropped since)
+    state: str = "open"  # open | committed | aborted
+    committed: SpooledTxn | None = None  # where chunks still being spooled go
+
+    def in_dropped(self, first_op: int, last_op: int) -> bool:
+        """Every op of ``first_op..last_op`` lies in one dropped range."""
+        return any(lo <= first_op and last_op < hi for lo, hi in self.dropped)
 
 
 @dataclass(slots=True)
@@ -91,10 +188,15 @@ class Batch:
     # the column layout the rows were buffered with (set by the writer)
     columns: list[ColumnSpec] | None = None
     schema: pa.Schema | None = None
+    spooled: list[SpooledTxn] = field(default_factory=list)
 
     @property
     def row_count(self) -> int:
-        return len(self.rows) + sum(f.num_rows for f in self.staged)
+        return (
+            len(self.rows)
+            + sum(f.num_rows for f in self.staged)
+            + sum(s.rows for s in self.spooled)
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -123,6 +225,8 @@ class ShapeBuffer:
         self._ready_first: int | None = None
         self._ready_end: tuple[int, LogOffset] | None = None
         self._ready_since: float | None = None
+        self._ready_spooled: list[SpooledTxn] = []
+        self._streams: dict[int, StreamPart] = {}
 
     # -- the stream side ------------------------------------------------------
 
@@ -186,6 +290,136 @@ class ShapeBuffer:
             self._open.state = "aborted"
         self._open = None
 
+    # -- transactions streamed before their commit ------------------------------
+
+    def stream_append(
+        self,
+        xid: int,
+        op: int,
+        kind: str,
+        values: tuple[Value, ...],
+        unchanged: list[str] | None,
+        size_hint: int,
+    ) -> None:
+        part = self._streams.get(xid)
+        if part is None:
+            part = self._streams[xid] = StreamPart(xid)
+        rows = part.rows
+        rows.values.append(values)
+        rows.ops.append(op)
+        rows.kinds.append(kind)
+        rows.unchanged.append(unchanged)
+        if unchanged:
+            rows.has_unchanged = True
+        rows.nbytes += size_hint + ROW_OVERHEAD
+        part.last_op = op
+
+    def stream_drop(self, xid: int, lo: int, hi: int) -> list[DataFile]:
+        """A subtransaction aborted: forget the rows with ``lo <= _op < hi``; returns
+        spool files that hold nothing else (the caller deletes them)."""
+        part = self._streams.get(xid)
+        if part is None:
+            return []
+        part.dropped.append((lo, hi))
+        rows = part.rows
+        cut = bisect.bisect_left(rows.ops, lo)
+        end = bisect.bisect_left(rows.ops, hi)
+        if cut < end:
+            n = len(rows.ops)
+            kept = n - (end - cut)
+            for column in (rows.values, rows.ops, rows.kinds, rows.unchanged):
+                del column[cut:end]
+            rows.nbytes = rows.nbytes * kept // n if n else 0
+        gone = [s for s in part.spooled if part.in_dropped(s.first_op, s.last_op)]
+        if not gone:
+            return []
+        part.spooled = [s for s in part.spooled if s not in gone]
+        return [f for s in gone for f in s.files]
+
+    def stream_commit(self, xid: int, lsn: int, commit_ts: int, now: float) -> int | None:
+        """The streamed transaction committed at ``lsn``: its rows (and spool files)
+        join the ready region. Returns the last op it appended here (the offset the
+        writer reports as written), or None if nothing of it is left."""
+        part = self._streams.pop(xid, None)
+        if part is None:
+            return None
+        part.state = "committed"
+        rows = part.rows
+        if not rows.ops and not part.spooled and part.last_op < 0:
+            return None
+        if rows.ops:
+            rows.runs.append((lsn, xid, commit_ts, len(rows)))
+            self._ready.extend(rows)
+        part.rows = Rows()
+        txn = SpooledTxn(
+            [f for s in part.spooled for f in s.files],
+            part.dropped,
+            lsn,
+            xid,
+            commit_ts,
+            sum(s.rows for s in part.spooled),
+        )
+        part.committed = txn
+        self._ready_spooled.append(txn)  # even without files: a chunk may be on its way
+        self._ready_txns += 1
+        if self._ready_first is None:
+            self._ready_first = lsn
+        self._ready_end = (lsn, LogOffset(lsn, part.last_op))
+        if self._ready_since is None:
+            self._ready_since = now
+        return part.last_op
+
+    def stream_discard(self, xid: int) -> list[DataFile]:
+        """The streamed transaction aborted (or this shape declines it): forget it;
+        returns its spool files (the caller deletes them)."""
+        part = self._streams.pop(xid, None)
+        if part is None:
+            return []
+        part.state = "aborted"
+        return [f for s in part.spooled for f in s.files]
+
+    def forget_spool(self) -> list[DataFile]:
+        """Forget every streamed transaction, open or committed and not yet taken by a
+        flush; returns their spool files."""
+        files: list[DataFile] = []
+        for xid in list(self._streams):
+            files += self.stream_discard(xid)
+        for txn in self._ready_spooled:
+            files += txn.files
+        return files
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    @property
+    def stream_bytes(self) -> int:
+        return sum(p.rows.nbytes for p in self._streams.values())
+
+    def take_stream_rows(self) -> list[tuple[StreamPart, Rows]]:
+        """Every streamed part's buffered rows, handed to a spooling job."""
+        taken = []
+        for part in self._streams.values():
+            rows = part.rows
+            if rows.ops:
+                rows.runs.append((0, part.xid, 0, len(rows)))
+                part.rows = Rows()
+                taken.append((part, rows))
+        return taken
+
+    def attach_spooled(self, part: StreamPart, chunk: Spooled) -> list[DataFile]:
+        """Files a spooling job wrote for ``part``; returns those no transaction will
+        commit (aborted meanwhile, or all their rows dropped)."""
+        if part.state == "aborted" or part.in_dropped(chunk.first_op, chunk.last_op):
+            return list(chunk.files)
+        if part.state == "committed":
+            assert part.committed is not None
+            part.committed.files.extend(chunk.files)
+            part.committed.rows += chunk.rows
+            return []
+        part.spooled.append(chunk)
+        return []
+
     # -- staging a huge open transaction -------------------------------------
 
     def take_open_rows(self) -> tuple[Delivery, Rows] | None:
@@ -216,7 +450,11 @@ class ShapeBuffer:
 
     @property
     def ready_rows(self) -> int:
-        return len(self._ready) + sum(f.num_rows for f in self._ready_staged)
+        return (
+            len(self._ready)
+            + sum(f.num_rows for f in self._ready_staged)
+            + sum(s.rows for s in self._ready_spooled)
+        )
 
     @property
     def ready_bytes(self) -> int:
@@ -232,7 +470,7 @@ class ShapeBuffer:
 
     @property
     def nbytes(self) -> int:
-        return self._ready.nbytes + self.open_bytes
+        return self._ready.nbytes + self.open_bytes + self.stream_bytes
 
     @property
     def ready_since(self) -> float | None:
@@ -253,6 +491,8 @@ class ShapeBuffer:
         self._ready.remap(positions)
         if self._open is not None:
             self._open.rows.remap(positions)
+        for part in self._streams.values():
+            part.rows.remap(positions)
 
     def take_batch(self) -> Batch | None:
         if self._ready_end is None:
@@ -267,9 +507,11 @@ class ShapeBuffer:
             self._ready_txns,
             self._ready_since or 0.0,
             self._ready_first or end_lsn,
+            spooled=self._ready_spooled,
         )
         self._ready = Rows()
         self._ready_staged = []
+        self._ready_spooled = []
         self._ready_txns = 0
         self._ready_first = None
         self._ready_end = None

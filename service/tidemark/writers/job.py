@@ -4,10 +4,19 @@
 folder of the shape's table (``createDataFrame(pyarrow.Table)``, ``coalesce``) and
 returns the files; nothing is visible until ``commit_batch`` adds them in one
 Delta commit tagged with the batch's end LSN.
+
+Rows of a transaction still being streamed are *spooled* (``write_spool``): the
+driver writes them with pyarrow under the table's ``_spool/`` folder (a hidden
+folder Delta never reads or vacuums), since their commit LSN is not known yet.
+The flush that commits the transaction has Spark read them back, drop the op
+ranges aborted subtransactions left, set ``_lsn``/``_commit_ts`` and write them
+as the table's files (``rewrite_spooled``); the spool files are deleted once the
+commit landed.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -17,13 +26,15 @@ from typing import Any
 import pyarrow as pa
 
 from tidemark.errors import SinkError
-from tidemark.sink.schema import ColumnSpec, spark_schema
+from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema
 from tidemark.sink.table import DataFile, ShapeTable
 from tidemark.spark import arrow_parts
-from tidemark.writers.arrow_batch import build_table
-from tidemark.writers.buffer import Batch, Rows
+from tidemark.writers.arrow_batch import PG_EPOCH_US, build_table
+from tidemark.writers.buffer import Batch, Rows, SpooledTxn
 
 ROWS_PER_FILE = 2_000_000
+SLICE_BYTES = 4 * 1024 * 1024  # rows converted to Arrow at once when spooling
+_ONE_SLICE_AT_A_TIME = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +75,77 @@ def write_arrow(
     return table.files_in(rel)
 
 
+def write_spool(
+    table: ShapeTable,
+    schema: pa.Schema,
+    specs: Sequence[ColumnSpec],
+    rows: Rows,
+    files: list[DataFile],
+    folder: str,
+) -> None:
+    """Write ``rows`` to spool files under ``folder`` (not part of the table), one file
+    per slice of about ``SLICE_BYTES``, with pyarrow on the driver: each slice is
+    converted, written and only then removed from ``rows``, and its file appended to
+    ``files``. So at most one slice is in memory twice, and a job that fails half way
+    goes on from where it stopped when retried. Slices of all writers are converted
+    one at a time (the work is the driver's CPU anyway), so the memory they need on
+    top of the buffered rows is one slice, not one per writer."""
+    import pyarrow.parquet as pq
+
+    (table.path / folder).mkdir(parents=True, exist_ok=True)
+    while len(rows):
+        per_row = max(1, rows.nbytes // len(rows))
+        n = max(1, SLICE_BYTES // per_row)
+        rel = f"{folder}/part-{len(files):05d}.parquet"
+        with _ONE_SLICE_AT_A_TIME:
+            arrow = build_table(schema, specs, rows.peek_front(n), table.shape)
+            pq.write_table(arrow, table.path / rel)
+            del arrow
+        files.append(table.file_at(rel))
+        rows.take_front(n)
+
+
+def spool_batch_rows(
+    table: ShapeTable, schema: pa.Schema, specs: Sequence[ColumnSpec], batch: Batch
+) -> None:
+    """Move a large batch's buffered rows to spool files in slices (``write_spool``);
+    the flush then has Spark rewrite them into the table like a streamed transaction's.
+    The batch records the progress, so a retry goes on with what is left."""
+    txn = next((t for t in batch.spooled if t.lsn is None), None)
+    if txn is None:
+        txn = SpooledTxn([], [], None, 0, 0, 0)
+        batch.spooled.append(txn)
+    folder = txn.files[0].path.rsplit("/", 1)[0] if txn.files else table.new_spool_dir()[0]
+    before = len(txn.files)
+    write_spool(table, schema, specs, batch.rows, txn.files, folder)
+    txn.rows += sum(f.num_rows for f in txn.files[before:])
+
+
+def rewrite_spooled(
+    spark: Any, table: ShapeTable, schema: pa.Schema, txn: SpooledTxn
+) -> list[DataFile]:
+    """Spark reads a committed streamed transaction's spool files and writes them as
+    table files: the dropped op ranges filtered out, its commit LSN and time set,
+    columns in the table's order (a column added since is NULL)."""
+    if not txn.files:
+        return []
+    from pyspark.sql import functions as F
+
+    check_column_types(table, schema)
+    target = spark_schema(schema)
+    frame = spark.read.schema(target).parquet(*[str(table.path / f.path) for f in txn.files])
+    for lo, hi in txn.dropped:
+        frame = frame.where((F.col(OP) < lo) | (F.col(OP) >= hi))
+    if txn.lsn is not None:
+        frame = frame.withColumn(LSN, F.lit(txn.lsn).cast("long")).withColumn(
+            COMMIT_TS, F.timestamp_micros(F.lit(txn.commit_ts + PG_EPOCH_US))
+        )
+    rel, folder = table.new_batch_dir()
+    files = max(1, -(-txn.rows // ROWS_PER_FILE))
+    frame.select(*target.fieldNames()).coalesce(files).write.mode("append").parquet(str(folder))
+    return table.files_in(rel)
+
+
 def check_column_types(table: ShapeTable, schema: pa.Schema) -> None:
     """Every column of ``schema`` the table has must have the table's type, as Spark
     sees both: files of another type would be unreadable through the table."""
@@ -85,9 +167,19 @@ def commit_batch(
 ) -> CommitResult:
     started = time.perf_counter()
     table.ensure_columns(schema)
+    kinds = dict(Counter(batch.rows.kinds))
     files = list(batch.staged)
+    if batch.rows.nbytes >= SLICE_BYTES:
+        # large: converted in slices on the driver, then read and written by Spark,
+        # instead of one Arrow table and a local relation as big as the batch
+        spool_batch_rows(table, schema, specs, batch)
     if len(batch.rows):
         files += write_parquet(spark, table, schema, specs, batch.rows)
+    spooled_rows = 0
+    for txn in batch.spooled:
+        rewritten = rewrite_spooled(spark, table, schema, txn)
+        spooled_rows += sum(f.num_rows for f in rewritten)
+        files += rewritten
     written = time.perf_counter()
     metadata = {
         "tidemark.transactions": batch.transactions,
@@ -95,13 +187,17 @@ def commit_batch(
     }
     version = table.commit(files, batch.end_lsn, metadata, first_lsn=batch.first_lsn)
     done = time.perf_counter()
-    kinds = dict(Counter(batch.rows.kinds))
+    # the spool files are in the table now (or were already: a replay)
+    table.delete_spool([f for txn in batch.spooled for f in txn.files])
     if batch.staged:
         kinds["staged"] = sum(f.num_rows for f in batch.staged)
+    streamed = sum(t.rows for t in batch.spooled if t.lsn is not None)
+    if streamed:
+        kinds["streamed"] = streamed
     return CommitResult(
         table.shape,
         version,
-        batch.row_count,
+        len(batch.rows) + sum(f.num_rows for f in batch.staged) + spooled_rows,
         len(files),
         batch.end_lsn,
         written - started,

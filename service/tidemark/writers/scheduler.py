@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -42,8 +43,8 @@ import structlog
 
 from tidemark.aio import wait_event
 from tidemark.errors import WriterFenced
-from tidemark.writers.buffer import Batch, Delivery, Rows
-from tidemark.writers.job import CommitResult, commit_batch, write_parquet
+from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
+from tidemark.writers.job import CommitResult, commit_batch, write_parquet, write_spool
 from tidemark.writers.memory import OpenPart, parts_to_stage
 from tidemark.writers.writer import JobFailure, ShapeWriter
 
@@ -71,9 +72,11 @@ class SchedulerStats:
     commits: int = 0
     rows_committed: int = 0
     stage_jobs: int = 0
+    spooled_bytes: int = 0  # Parquet bytes written for transactions still streamed
     job_failures: int = 0
     replays_skipped: int = 0
     backpressure_waits: int = 0
+    blocked_seconds: float = 0.0  # time the stream spent waiting for memory
     last_results: list[CommitResult] = field(default_factory=list)
 
 
@@ -97,6 +100,7 @@ class FlushScheduler:
         self._room.set()
         self._slots = asyncio.Semaphore(self.policy.concurrency)
         self._jobs: set[asyncio.Task[None]] = set()
+        self._cleanups: set[asyncio.Task[None]] = set()
         self._flush_all_requested = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -146,7 +150,7 @@ class FlushScheduler:
         if self.buffered_bytes < self.policy.memory_budget:
             return
         self.stats.backpressure_waits += 1
-        self.waiting_since = self._clock()
+        started = self.waiting_since = self._clock()
         try:
             self._room.clear()
             self._wake.set()
@@ -154,6 +158,7 @@ class FlushScheduler:
                 self._room.clear()
                 await self._room.wait()
         finally:
+            self.stats.blocked_seconds += self._clock() - started
             self.waiting_since = None
 
     # -- the loop ---------------------------------------------------------------------
@@ -226,7 +231,11 @@ class FlushScheduler:
                 continue
             self._launch(writer, self._flush_job(writer, batch), batch.rows.nbytes, batch.first_lsn)
         parts = [
-            OpenPart(w.shape, w.buffer.open_bytes, w.in_flight or w.retry is not None)
+            OpenPart(
+                w.shape,
+                w.buffer.open_bytes + w.buffer.stream_bytes,
+                w.in_flight or w.retry is not None,
+            )
             for w in self.writers.values()
         ]
         staging = parts_to_stage(
@@ -236,14 +245,27 @@ class FlushScheduler:
             writer = self.writers[name]
             if not writer.in_flight and writer.retry is None:
                 taken = writer.buffer.take_open_rows()
-                if taken is not None:
-                    delivery, rows = taken
+                streamed = writer.buffer.take_stream_rows()
+                if taken is not None or streamed:
+                    nbytes = sum(rows.nbytes for _, rows in streamed)
+                    if taken is not None:
+                        nbytes += taken[1].nbytes
                     self._launch(
                         writer,
-                        self._stage_job(writer, delivery, rows),
-                        rows.nbytes,
-                        delivery.lsn,
+                        self._stage_job(writer, taken, streamed),
+                        nbytes,
+                        None if taken is None else taken[0].lsn,
                     )
+        self._delete_orphans()
+
+    def _delete_orphans(self) -> None:
+        """Spool files no transaction will commit (aborted, dropped, declined)."""
+        for writer in self.writers.values():
+            if writer.orphans:
+                files, writer.orphans = writer.orphans, []
+                task = asyncio.create_task(asyncio.to_thread(writer.table.delete_spool, files))
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
 
     def _launch(self, writer: ShapeWriter, job: Job, nbytes: int, first_lsn: int | None) -> None:
         writer.in_flight = True
@@ -333,13 +355,37 @@ class FlushScheduler:
         if self._on_commit is not None:
             self._on_commit(result)
 
-    def _stage_job(self, writer: ShapeWriter, delivery: Delivery, rows: Rows) -> Job:
+    def _stage_job(
+        self,
+        writer: ShapeWriter,
+        taken: tuple[Delivery, Rows] | None,
+        streamed: list[tuple[StreamPart, Rows]],
+    ) -> Job:
+        """One job that writes a writer's open rows out of memory. It is retried as a
+        whole after a failure, so each step is done once: the steps left are kept."""
         schema, columns = writer.schema, list(writer.columns)
-        return lambda: self._stage(writer, delivery, rows, schema, columns)
+        steps: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        if taken is not None:
+            delivery, rows = taken
+            steps.append(lambda: self._stage(writer, delivery, rows, schema, columns))
+        for part, rows in streamed:
+            chunk = Spooled([], rows.ops[0], rows.ops[-1], len(rows))
+            folder = writer.table.new_spool_dir()[0]
+            steps.append(
+                functools.partial(self._spool, writer, part, rows, chunk, folder, schema, columns)
+            )
+
+        async def run() -> None:
+            while steps:
+                await steps[0]()
+                steps.pop(0)
+
+        return run
 
     async def _stage(
         self, writer: ShapeWriter, delivery: Delivery, rows: Rows, schema: Any, columns: Any
     ) -> None:
+        """An ordinary open transaction's rows, written as table files (not committed)."""
         async with self._slots:
             files = await asyncio.to_thread(
                 write_parquet, self.spark, writer.table, schema, columns, rows
@@ -354,6 +400,35 @@ class FlushScheduler:
             lsn=delivery.lsn,
             rows=len(rows),
             files=len(files),
+            discarded=bool(orphans),
+        )
+
+    async def _spool(
+        self,
+        writer: ShapeWriter,
+        part: StreamPart,
+        rows: Rows,
+        chunk: Spooled,
+        folder: str,
+        schema: Any,
+        columns: Any,
+    ) -> None:
+        """A streamed transaction's rows, written to spool files (its commit LSN is
+        not known yet); ``rows`` empties as slices are written."""
+        await asyncio.to_thread(
+            write_spool, writer.table, schema, columns, rows, chunk.files, folder
+        )
+        orphans = writer.buffer.attach_spooled(part, chunk)
+        if orphans:
+            await asyncio.to_thread(writer.table.delete_spool, orphans)
+        self.stats.stage_jobs += 1
+        self.stats.spooled_bytes += sum(f.size for f in chunk.files)
+        log.info(
+            "txn.spooled",
+            shape=writer.shape,
+            xid=part.xid,
+            rows=chunk.rows,
+            ops=f"{chunk.first_op}..{chunk.last_op}",
             discarded=bool(orphans),
         )
 

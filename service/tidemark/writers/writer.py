@@ -4,6 +4,11 @@ The collector drives it on the event loop:
 
 ``begin_txn(lsn, xid, ts)`` -> ``append(...)``* -> ``end_txn(txn_last_offset)``
 
+and, for transactions Postgres streams before their commit (several may be open):
+
+``stream_append(xid, ...)``* and ``stream_drop(xid, lo, hi)`` (a subtransaction
+aborted) -> ``stream_commit(xid, lsn, ts, txn_last_offset)`` or ``stream_discard(xid)``
+
 A transaction at or below the shape's committed offset (read back from the sink
 at start) was committed before a restart: ``begin_txn`` returns False and the
 collector leaves the shape out of that transaction entirely (not "affected").
@@ -27,7 +32,7 @@ from tidemark.flush.alignment import TxnAlignment
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput.messages import Value
 from tidemark.sink.schema import ColumnSpec, table_schema
-from tidemark.sink.table import ShapeTable
+from tidemark.sink.table import DataFile, ShapeTable
 from tidemark.writers.buffer import Batch, ShapeBuffer
 
 Report = Callable[[str, LogOffset], None]
@@ -73,6 +78,8 @@ class ShapeWriter:
         self.hold_commits = False
         self.failure: JobFailure | None = None  # the last job failed: retried later
         self.retry: Callable[[], Any] | None = None  # that job, kept for its retry
+        # spool files no transaction will commit: the scheduler deletes them
+        self.orphans: list[DataFile] = []
 
     # -- schema -----------------------------------------------------------------
 
@@ -134,6 +141,41 @@ class ShapeWriter:
     def in_txn(self) -> bool:
         return self._accepting
 
+    # -- transactions streamed before their commit -----------------------------------
+
+    def stream_append(
+        self,
+        xid: int,
+        op: int,
+        kind: str,
+        values: tuple[Value, ...],
+        unchanged: list[str] | None,
+        size_hint: int,
+    ) -> None:
+        self.buffer.stream_append(xid, op, kind, values, unchanged, size_hint)
+
+    def stream_drop(self, xid: int, lo: int, hi: int) -> None:
+        """A subtransaction of ``xid`` aborted: its rows (``lo <= _op < hi``) go."""
+        self.orphans += self.buffer.stream_drop(xid, lo, hi)
+
+    def stream_discard(self, xid: int) -> None:
+        """``xid`` aborted, or this shape declines it."""
+        self.orphans += self.buffer.stream_discard(xid)
+
+    def stream_wants(self, lsn: int) -> bool:
+        """False when the sink has the transaction committed at ``lsn`` already."""
+        return self.committed_lsn is None or lsn > self.committed_lsn
+
+    def stream_commit(self, xid: int, lsn: int, commit_ts: int, txn_last_offset: LogOffset) -> None:
+        """The streamed transaction committed; the tracker has seen its commit."""
+        self.alignment.begin_txn()
+        last_op = self.buffer.stream_commit(xid, lsn, commit_ts, self._clock())
+        if last_op is not None:
+            self.alignment.record_written(LogOffset(lsn, last_op))
+        held = self.alignment.end_txn(txn_last_offset)
+        if held is not None:
+            self._report(self.shape, held)
+
     # -- flush side ---------------------------------------------------------------
 
     def take_batch(self) -> Batch | None:
@@ -154,6 +196,7 @@ class ShapeWriter:
         """Drop everything buffered (the shape is about to be rebuilt from a snapshot
         that holds those transactions). Call with no job running for the shape."""
         self.buffer.abort_txn()
+        self.orphans += self.buffer.forget_spool()
         self.buffer = ShapeBuffer(self.shape)
         self.failure, self.retry = None, None
         self.in_flight_bytes, self.in_flight_lsn = 0, None
