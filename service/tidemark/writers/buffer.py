@@ -69,6 +69,22 @@ class Rows:
     def __len__(self) -> int:
         return len(self.ops)
 
+    def add(
+        self,
+        op: int,
+        kind: str,
+        values: tuple[Value, ...],
+        unchanged: list[str] | None,
+        size_hint: int,
+    ) -> None:
+        self.values.append(values)
+        self.ops.append(op)
+        self.kinds.append(kind)
+        self.unchanged.append(unchanged)
+        if unchanged:
+            self.has_unchanged = True
+        self.nbytes += size_hint + ROW_OVERHEAD
+
     def extend(self, other: Rows) -> None:
         self.values.extend(other.values)
         self.ops.extend(other.ops)
@@ -254,14 +270,7 @@ class ShapeBuffer:
     ) -> None:
         txn = self._open
         assert txn is not None, "append outside a transaction"
-        rows = txn.rows
-        rows.values.append(values)
-        rows.ops.append(op)
-        rows.kinds.append(kind)
-        rows.unchanged.append(unchanged)
-        if unchanged:
-            rows.has_unchanged = True
-        rows.nbytes += size_hint + ROW_OVERHEAD
+        txn.rows.add(op, kind, values, unchanged, size_hint)
         txn.last_op = op
 
     def end_txn(self, now: float) -> int:
@@ -304,14 +313,7 @@ class ShapeBuffer:
         part = self._streams.get(xid)
         if part is None:
             part = self._streams[xid] = StreamPart(xid)
-        rows = part.rows
-        rows.values.append(values)
-        rows.ops.append(op)
-        rows.kinds.append(kind)
-        rows.unchanged.append(unchanged)
-        if unchanged:
-            rows.has_unchanged = True
-        rows.nbytes += size_hint + ROW_OVERHEAD
+        part.rows.add(op, kind, values, unchanged, size_hint)
         part.last_op = op
 
     def stream_drop(self, xid: int, lo: int, hi: int) -> list[DataFile]:
