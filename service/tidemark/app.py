@@ -359,6 +359,7 @@ class Service:
                         name="backfill",
                     ),
                     group.create_task(self.monitor.run(), name="monitor"),
+                    group.create_task(self.shapeset.watch_partitions(), name="partitions"),
                     group.create_task(self._housekeeping(), name="housekeeping"),
                     group.create_task(serve(self), name="http"),
                 ]

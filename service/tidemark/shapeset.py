@@ -54,8 +54,9 @@ from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ConfigError, ShapeConflict, ShapeError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.replication.slot import add_tables_to_publication
-from tidemark.shapes.catalog import check_shape, read_table, validate_shape
+from tidemark.shapes.catalog import CatalogTable, check_shape, read_table, validate_shape
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
+from tidemark.shapes.partitions import fingerprint, has_rows, read_tree, tree_changes
 from tidemark.shapes.registry import ShapeRegistry
 from tidemark.sink.frontiers import instance_states, state_dir
 from tidemark.sink.schema import column_specs, table_schema
@@ -70,6 +71,7 @@ log = structlog.get_logger("tidemark.shapes")
 
 RETRY_FIRST_S = 2.0
 RETRY_MAX_S = 300.0
+PARTITION_CHECK_S = 5.0  # how often partitioned shapes check their partition tree
 
 
 @dataclass
@@ -168,7 +170,10 @@ class ShapeSet:
                     tables.append((definition.schema_name, definition.table_name))
                 except ShapeError as exc:
                     if registered.origin == "config":
-                        raise ShapeError(f"shape '{definition.name}': {exc}") from exc
+                        text = str(exc)
+                        if not text.startswith(f"shape '{definition.name}'"):
+                            text = f"shape '{definition.name}': {text}"
+                        raise ShapeError(text) from exc
                     self.statuses[definition.name] = ShapeStatus(
                         definition, registered.origin, state="error", error=str(exc)
                     )
@@ -189,6 +194,7 @@ class ShapeSet:
         checked = check_shape(definition, catalog)
         bound = checked.shape
         name = definition.name
+        await self._check_partition_publishing(conn, catalog, name)
         table = ShapeTable(self.settings.sink.root, name, epoch=self.store.epoch)
         specs = column_specs(bound)
         await asyncio.to_thread(
@@ -220,6 +226,55 @@ class ShapeSet:
                 reason = f"its claim ended: {last.reason}"
             self._queue_backfill(status, reason)
         return status
+
+    async def _check_partition_publishing(
+        self, conn: psycopg.AsyncConnection[tuple[Any, ...]], catalog: CatalogTable, name: str
+    ) -> None:
+        """A partitioned table's changes are published as its root's: a shape on one of
+        its partitions receives nothing while the root is published that way. Refuse the
+        shape that would be left without changes (ShapeError, saying what to do)."""
+        table = catalog.qualified_name
+        shaped = {
+            s.bound.relation.oid: s.name
+            for s in self.statuses.values()
+            if s.bound is not None and s.name != name
+        }
+        if catalog.kind == "p":
+            clash = sorted(shaped[m.oid] for m in catalog.partitions if m.oid in shaped)
+            if clash:
+                raise ShapeError(
+                    f"shape(s) {', '.join(clash)} follow partitions of {table}, whose changes "
+                    f"are published as {table}'s once a shape follows it: they would receive "
+                    f"nothing. Define them on {table} with a 'where' on the partition key, or "
+                    "remove them first"
+                )
+            return
+        cur = await conn.execute(
+            "select relid::bigint from pg_partition_ancestors(%s) where relid <> %s",
+            (catalog.oid, catalog.oid),
+        )
+        ancestors = [int(r[0]) for r in await cur.fetchall()]
+        if not ancestors:
+            return
+        src = self.settings.source
+        cur = await conn.execute(
+            "select p.puballtables, p.pubviaroot, exists (select 1 from pg_publication_rel r"
+            " where r.prpubid = p.oid and r.prrelid = any(%s)) from pg_publication p"
+            " where p.pubname = %s",
+            (ancestors, src.publication),
+        )
+        row = await cur.fetchone()
+        if row is None:  # tidemark creates it: FOR ALL TABLES publishes via the root
+            via_root = src.publish_all_tables or any(a in shaped for a in ancestors)
+        else:
+            via_root = bool(row[1]) and (bool(row[0]) or bool(row[2]))
+        if via_root:
+            raise ShapeError(
+                f"{table} is a partition, and publication '{src.publication}' publishes its "
+                "changes as its partitioned root's (publish_via_partition_root, with the root "
+                "published): a shape on the partition would receive nothing. Define the "
+                "shape on the root with a 'where' on the partition key"
+            )
 
     def _queue_backfill(self, status: ShapeStatus, reason: str) -> None:
         status.state, status.error = "backfilling", None
@@ -412,7 +467,7 @@ class ShapeSet:
                     writer.table.needs_replacement, writer.schema, list(bound.primary_key)
                 )
                 try:
-                    fence, rows = await run_backfill(
+                    fence, rows, partitions = await run_backfill(
                         dsn=self.settings.source.dsn,
                         shape=bound,
                         writer=writer,
@@ -438,7 +493,7 @@ class ShapeSet:
         if self.statuses.get(name) is not status or generation != status.backfills_wanted:
             log.info("backfill.superseded", shape=name)  # another request came meanwhile
             return
-        self.store.record_claim(name, fence, rows)
+        self.store.record_claim(name, fence, rows, partitions)
         await asyncio.to_thread(self.store.write_claims)
         status.backfills_done, status.backfill_attempts = generation, 0
         status.snapshot_lsn = fence.lsn
@@ -550,6 +605,63 @@ class ShapeSet:
                     "default: existing rows got a value no change carried",
                 )
             )
+
+    # -- partitioned tables ------------------------------------------------------------------
+
+    async def watch_partitions(self, every_s: float = PARTITION_CHECK_S) -> None:
+        """Compare each partitioned shape's partition tree with the one its claim
+        recorded, every ``every_s`` (``tidemark.shapes.partitions``)."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.check_partitions()
+            except psycopg.Error as exc:  # the source is away: try again next round
+                log.warning("partitions.check_failed", error=str(exc))
+
+    async def check_partitions(self) -> None:
+        watched = []
+        for name, status in self.statuses.items():
+            claim = self.store.claim(name)
+            if (
+                claim is not None
+                and claim.partitions is not None
+                and status.bound is not None
+                and name not in self._running
+            ):
+                watched.append((name, status, claim))
+        if not watched:
+            return
+        conn = await self._source()
+        try:
+            for name, status, claim in watched:
+                assert status.bound is not None and claim.partitions is not None
+                await conn.execute("begin isolation level repeatable read read only")
+                try:
+                    members = await read_tree(conn, status.bound.relation.oid)
+                    changes = tree_changes(claim.partitions, members)
+                    filled = [m for m in changes.added if await has_rows(conn, m)]
+                finally:
+                    await conn.execute("rollback")
+                reasons = changes.resync + [
+                    f"partition {m.qualified_name} was attached with rows (or filled before "
+                    "tidemark saw it)"
+                    for m in filled
+                ]
+                if reasons:
+                    if self.statuses.get(name) is status and self.store.claim(name) is claim:
+                        log.warning("partitions.changed", shape=name, reasons=reasons)
+                        self._request_backfill(status, "; ".join(reasons))
+                elif changes.added and self.store.accept_partitions(
+                    name, claim, fingerprint(members)
+                ):
+                    await asyncio.to_thread(self.store.write_claims)
+                    log.info(
+                        "partitions.added_empty",
+                        shape=name,
+                        partitions=[m.qualified_name for m in changes.added],
+                    )
+        finally:
+            await conn.close()
 
     async def stop(self) -> None:
         """Cancel backfills and retries (shutdown)."""

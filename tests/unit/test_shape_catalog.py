@@ -124,11 +124,22 @@ def test_a_valid_shape_binds_with_domains_as_base_types_and_lists_text_columns()
         ("v", "public.orders is a view; logical replication publishes ordinary tables only"),
         ("m", "is a materialized view"),
         ("f", "is a foreign table"),
-        ("p", "is partitioned; its changes are published per partition"),
     ],
 )
 def test_relations_that_are_not_plain_tables_are_refused(kind: str, fragment: str) -> None:
     assert fragment in refused(shape(), table(kind=kind))
+
+
+def test_a_partitioned_table_is_accepted_unless_its_partitions_cannot_serve_it() -> None:
+    from tidemark.shapes.partitions import Member
+
+    def part(name: str, kind: str = "r", identity: str = "f") -> Member:
+        return Member(9, "public", name, kind, 1, 1, "5", identity, 1, 1)
+
+    ok = check_shape(shape(), table(kind="p", partitions=(part("orders_1"),)))
+    assert ok.shape.name == shape().name
+    message = refused(shape(), table(kind="p", partitions=(part("orders_x", kind="f"),)))
+    assert "public.orders_x of public.orders are foreign tables" in message
 
 
 def test_an_unreadable_table_names_the_grant() -> None:
@@ -253,3 +264,11 @@ def test_system_catalogs_are_refused_as_such(schema: str) -> None:
     definition = ShapeDefinition(name="s1", table=f"{schema}.orders")
     message = refused(definition, table(schema=schema))
     assert "system catalog" in message and "REPLICA IDENTITY" not in message
+
+
+def test_under_a_full_identity_every_partition_needs_it_and_the_message_says_how() -> None:
+    from tidemark.shapes.partitions import Member
+
+    leaf = Member(9, "public", "orders_2", "r", 1, 1, "5", "d", 1, 1)
+    message = refused(shape(), table(kind="p", replica_identity="f", partitions=(leaf,)))
+    assert "Run: ALTER TABLE public.orders_2 REPLICA IDENTITY FULL;" in message

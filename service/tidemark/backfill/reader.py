@@ -16,7 +16,9 @@ a lock is not granted in time, every transaction is rolled back and the caller
 tries again: a rewrite that runs, or waits, goes first.
 
 Chunks split the table by physical location (ctid page ranges), which works for
-any table, with or without a usable key, and lets Postgres use TID range scans.
+any table, with or without a usable key, and lets Postgres use TID range scans. A
+partitioned table is read leaf by leaf (ctids are per partition), all in the one
+snapshot; the lock on the root covers its partitions.
 Page ranges are only stable while nothing rewrites the table: the lock makes
 ``VACUUM FULL``, ``CLUSTER``, pg_repack or a rewriting ``ALTER TABLE`` wait until
 the last chunk is read (and a rewrite already running finishes before the
@@ -47,6 +49,7 @@ from tidemark.lsn import Lsn
 from tidemark.replication.client import session_options
 from tidemark.shapes.identifiers import quote_identifier
 from tidemark.shapes.model import BoundShape
+from tidemark.shapes.partitions import Member, leaves, read_tree
 from tidemark.shapes.predicate import predicate_sql
 
 PAGES_PER_CHUNK = 2048  # 16 MiB of heap per chunk at the default 8 KiB block size
@@ -58,12 +61,16 @@ class Snapshot:
     snapshot_id: str  # pg_export_snapshot()
     relpages: int
     estimated_rows: int
+    # a partitioned table's members as the snapshot sees them (its leaves are read)
+    partitions: tuple[Member, ...] = ()
+    partitioned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
     first_page: int
     end_page: int | None  # None: to the end of the table (pages added since)
+    table: tuple[str, str] | None = None  # the leaf partition read (None: the table)
 
 
 LOCK_TIMEOUT_S = 5.0
@@ -117,14 +124,24 @@ async def take_snapshot(
     stats = await (
         await conn.execute(
             "select (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint,"
-            " greatest(c.reltuples, 0)::bigint from pg_class c"
+            " greatest(c.reltuples, 0)::bigint, c.relkind from pg_class c"
             " join pg_namespace n on n.oid = c.relnamespace"
             " where n.nspname = %s and c.relname = %s",
             (rel.namespace, rel.name),
         )
     ).fetchone()
     relpages, reltuples = (int(str(stats[0])), int(str(stats[1]))) if stats else (0, 0)
-    return Snapshot(fence, str(row[2]), relpages, reltuples)
+    if stats is None or stats[2] != "p":
+        return Snapshot(fence, str(row[2]), relpages, reltuples)
+    members = tuple(await read_tree(conn, rel.oid))
+    return Snapshot(
+        fence,
+        str(row[2]),
+        sum(m.relpages for m in leaves(members)),
+        sum(m.reltuples for m in leaves(members)),
+        members,
+        partitioned=True,
+    )
 
 
 async def table_columns(conn: psycopg.AsyncConnection[tuple[object, ...]], oid: int) -> list[str]:
@@ -138,10 +155,24 @@ async def table_columns(conn: psycopg.AsyncConnection[tuple[object, ...]], oid: 
     return [str(r[0]) for r in await cur.fetchall()]
 
 
-def plan_chunks(relpages: int, pages_per_chunk: int = PAGES_PER_CHUNK) -> list[Chunk]:
+def plan_chunks(
+    relpages: int, pages_per_chunk: int = PAGES_PER_CHUNK, table: tuple[str, str] | None = None
+) -> list[Chunk]:
     """Page ranges covering the table; the last one is open-ended."""
     starts = list(range(0, max(relpages, 1), pages_per_chunk))
-    return [Chunk(a, b) for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    return [Chunk(a, b, table) for a, b in zip(starts, [*starts[1:], None], strict=True)]
+
+
+def plan_snapshot_chunks(snapshot: Snapshot, pages_per_chunk: int = PAGES_PER_CHUNK) -> list[Chunk]:
+    """The snapshot's chunks: page ranges of the table, or of each leaf partition of a
+    partitioned table (ctids are per partition)."""
+    if not snapshot.partitioned:
+        return plan_chunks(snapshot.relpages, pages_per_chunk)
+    return [
+        chunk
+        for leaf in leaves(snapshot.partitions)
+        for chunk in plan_chunks(leaf.relpages, pages_per_chunk, (leaf.schema, leaf.name))
+    ]
 
 
 def snapshot_query(shape: BoundShape, chunk: Chunk) -> sql.Composed:
@@ -156,10 +187,12 @@ def snapshot_query(shape: BoundShape, chunk: Chunk) -> sql.Composed:
         conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({chunk.end_page},0)")))
     if shape.predicate is not None:
         conditions.append(sql.SQL("({})").format(sql.SQL(predicate_sql(shape.predicate))))
-    return sql.SQL("select {} from {}.{} where {}").format(
+    schema, name = chunk.table or (rel.namespace, rel.name)
+    # ONLY: a table's legacy inheritance children are not part of its stream
+    return sql.SQL("select {} from only {}.{} where {}").format(
         columns,
-        sql.SQL(quote_identifier(rel.namespace)),
-        sql.SQL(quote_identifier(rel.name)),
+        sql.SQL(quote_identifier(schema)),
+        sql.SQL(quote_identifier(name)),
         sql.SQL(" and ").join(conditions),
     )
 

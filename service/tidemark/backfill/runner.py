@@ -60,11 +60,12 @@ from tidemark.backfill.reader import (
     begin_snapshot,
     connect_reader,
     import_snapshot,
-    plan_chunks,
+    plan_snapshot_chunks,
     table_columns,
     take_snapshot,
 )
 from tidemark.shapes.model import BoundShape
+from tidemark.shapes.partitions import fingerprint
 from tidemark.sink.table import DataFile
 from tidemark.writers.arrow_batch import snapshot_table
 from tidemark.writers.job import write_arrow
@@ -128,8 +129,9 @@ async def run_backfill(
     register: Register,
     progress: BackfillProgress,
     replace_schema: bool = False,
-) -> tuple[SnapshotFence, int]:
-    """Run the backfill; returns the fence and the number of snapshot rows.
+) -> tuple[SnapshotFence, int, dict[str, list[Any]] | None]:
+    """Run the backfill; returns the fence, the number of snapshot rows and, for a
+    partitioned table, the fingerprint of the partition tree the snapshot read.
 
     ``register(fence)`` routes the shape behind the fence, or returns False when the
     request was superseded meanwhile (then ``BackfillSuperseded`` is raised).
@@ -155,7 +157,7 @@ async def run_backfill(
         )
         progress.snapshot_lsn = snapshot.fence.lsn
         progress.rows_estimated = snapshot.estimated_rows
-        chunks = plan_chunks(snapshot.relpages, reader.PAGES_PER_CHUNK)
+        chunks = plan_snapshot_chunks(snapshot, reader.PAGES_PER_CHUNK)
         progress.chunks = len(chunks)
         progress.phase = "reading"
         log.info(
@@ -203,7 +205,8 @@ async def run_backfill(
             version=version,
             seconds=round(progress.finished_at - progress.started_at, 2),
         )
-        return snapshot.fence, progress.rows_done
+        partitions = fingerprint(snapshot.partitions) if snapshot.partitioned else None
+        return snapshot.fence, progress.rows_done, partitions
     finally:
         # (a backfill that did not commit leaves hold_commits set: its shape is no longer
         # routed, and the next backfill discards what it buffered)

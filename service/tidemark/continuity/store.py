@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -58,6 +59,9 @@ class Claim:
     rows: int
     since: float  # when the backfill committed
     epoch: int | None  # the stream epoch it was made on (None: before epochs)
+    # a partitioned table's tree as the snapshot saw it (``shapes.partitions``), and as
+    # later checks accepted it; None for other tables
+    partitions: dict[str, list[Any]] | None = None
 
     @property
     def snapshot_lsn(self) -> int:
@@ -70,6 +74,7 @@ class Claim:
             "rows": self.rows,
             "since": self.since,
             "epoch": self.epoch,
+            **({} if self.partitions is None else {"partitions": self.partitions}),
         }
 
     @classmethod
@@ -80,6 +85,7 @@ class Claim:
             int(data["rows"]),
             float(data.get("since", data.get("finished_at", 0.0))),
             None if epoch is None else int(epoch),
+            data.get("partitions"),
         )
 
 
@@ -165,16 +171,32 @@ class ContinuityStore:
 
     # -- changes (event loop) -----------------------------------------------
 
-    def record_claim(self, shape: str, fence: SnapshotFence, rows: int) -> Claim:
+    def record_claim(
+        self,
+        shape: str,
+        fence: SnapshotFence,
+        rows: int,
+        partitions: dict[str, list[Any]] | None = None,
+    ) -> Claim:
         """The shape's backfill committed: it now claims the stream from its fence on.
         Call on the event loop (so an invalidation is never overtaken by it), then
         ``write_claims`` to make it durable."""
-        claim = Claim(fence, rows, time.time(), self.epoch)
+        claim = Claim(fence, rows, time.time(), self.epoch, partitions)
         with self._lock:
             self._claims[shape] = claim
             self._claims_version += 1
         log.info("claim.recorded", shape=shape, snapshot_lsn=format_lsn(fence.lsn), rows=rows)
         return claim
+
+    def accept_partitions(self, shape: str, claim: Claim, partitions: dict[str, list[Any]]) -> bool:
+        """The partition tree changed in a way the claim survives (a new empty
+        partition): record it, unless the claim ended meanwhile. Then ``write_claims``."""
+        with self._lock:
+            if self._claims.get(shape) is not claim:
+                return False
+            self._claims[shape] = dataclasses.replace(claim, partitions=partitions)
+            self._claims_version += 1
+        return True
 
     def invalidate(self, shape: str, reason: str) -> bool:
         """End ``shape``'s claim now (in memory); durable before the next acknowledgement.

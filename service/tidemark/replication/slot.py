@@ -15,11 +15,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import psycopg
+import structlog
 from psycopg import sql
 
 from tidemark.errors import ConfigError, ReplicationError, SlotLostError
+
+log = structlog.get_logger("tidemark.replication")
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 MIN_SERVER_MAJOR = 15
@@ -118,16 +122,22 @@ async def ensure_publication(
         try:
             if tables is None:
                 await conn.execute(
-                    sql.SQL("create publication {} for all tables").format(sql.Identifier(name))
+                    sql.SQL("create publication {} for all tables {}").format(
+                        sql.Identifier(name), _VIA_ROOT
+                    )
                 )
             elif tables:
                 await conn.execute(
-                    sql.SQL("create publication {} for table {}").format(
-                        sql.Identifier(name), sql.SQL(", ").join(_table_ident(t) for t in tables)
+                    sql.SQL("create publication {} for table {} {}").format(
+                        sql.Identifier(name),
+                        sql.SQL(", ").join(_table_ident(t) for t in tables),
+                        _VIA_ROOT,
                     )
                 )
             else:
-                await conn.execute(sql.SQL("create publication {}").format(sql.Identifier(name)))
+                await conn.execute(
+                    sql.SQL("create publication {} {}").format(sql.Identifier(name), _VIA_ROOT)
+                )
         except psycopg.errors.InsufficientPrivilege as exc:
             raise ReplicationError(
                 f"cannot create publication '{name}': {exc.diag.message_primary}. Create it as "
@@ -136,7 +146,59 @@ async def ensure_publication(
         return True
     if tables and not row[0]:
         await add_tables_to_publication(conn, name, tables, alter=create)
+    elif tables:
+        await publish_via_root(conn, name, tables, alter=create)
     return False
+
+
+# Changes of a partitioned table's partitions are published as the root's, so a shape
+# on the root follows one relation (a partition published on its own, without its
+# root in the publication, is still published as itself)
+_VIA_ROOT: Final = sql.SQL("with (publish_via_partition_root = true)")
+
+
+async def publish_via_root(
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    name: str,
+    tables: Sequence[TableName],
+    *,
+    alter: bool = True,
+) -> None:
+    """A publication serving a partitioned table must publish via the root: turn it on
+    (``alter``), or raise ReplicationError with the statement to run."""
+    cur = await conn.execute(
+        "select n.nspname, c.relname from pg_class c join pg_namespace n"
+        " on n.oid = c.relnamespace where c.relkind = 'p' and (n.nspname, c.relname)"
+        " in (select * from unnest(%s::text[], %s::text[]))",
+        ([t[0] for t in tables], [t[1] for t in tables]),
+    )
+    partitioned = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
+    if not partitioned:
+        return
+    row = await (
+        await conn.execute("select pubviaroot from pg_publication where pubname = %s", (name,))
+    ).fetchone()
+    if row is None or row[0]:
+        return
+    statement = f"ALTER PUBLICATION {name} SET (publish_via_partition_root = true);"
+    if not alter:
+        raise ReplicationError(
+            f"publication '{name}' publishes the partitions of partitioned table(s) "
+            f"{', '.join(_table_text(t) for t in partitioned)} as themselves, and tidemark "
+            f"follows a partitioned table as one relation. Run as its owner: {statement}"
+        )
+    try:
+        await conn.execute(
+            sql.SQL("alter publication {} set (publish_via_partition_root = true)").format(
+                sql.Identifier(name)
+            )
+        )
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ReplicationError(
+            f"cannot change publication '{name}': {exc.diag.message_primary}. Run as its "
+            f"owner: {statement}"
+        ) from exc
+    log.info("publication.via_root", publication=name, tables=partitioned)
 
 
 async def add_tables_to_publication(
@@ -163,8 +225,13 @@ async def add_tables_to_publication(
         )
     rows = await (
         await conn.execute(
-            "select schemaname, tablename from pg_publication_tables where pubname = %s",
-            (name,),
+            "select schemaname, tablename from pg_publication_tables where pubname = %s"
+            # a partitioned table listed itself (its partitions appear above instead,
+            # unless the publication publishes via the root)
+            " union select n.nspname, c.relname from pg_publication_rel r"
+            " join pg_publication p on p.oid = r.prpubid join pg_class c on c.oid = r.prrelid"
+            " join pg_namespace n on n.oid = c.relnamespace where p.pubname = %s",
+            (name, name),
         )
     ).fetchall()
     present = {(str(r[0]), str(r[1])) for r in rows}
@@ -204,6 +271,7 @@ async def add_tables_to_publication(
                 f"cannot add table {_table_text(table)} to publication '{name}': "
                 f"{exc.diag.message_primary}{detail}"
             ) from exc
+    await publish_via_root(conn, name, tables, alter=alter)
     return missing
 
 

@@ -9,9 +9,10 @@ offending part and says what to do:
 
 * the table must exist (close matches are suggested: ``public.orderz`` ->
   ``public.orders``; a case mismatch suggests the quoted name), be an ordinary table
-  (views, materialized and foreign tables are not replicated; a partitioned table's
-  changes are published per partition), and be readable by our role (the snapshot
-  of a new shape reads it);
+  (views, materialized and foreign tables are not replicated), or a partitioned
+  table (``tidemark.shapes.partitions``: its leaves must not be foreign tables, and
+  under ``REPLICA IDENTITY FULL`` each leaf needs it too), and be readable by our role
+  (the snapshot of a new shape reads it);
 * listed and predicate columns must exist (close matches suggested) and not be
   generated columns, which pgoutput does not send (PostgreSQL 15-17);
 * primary key and replica identity rules are ``model.bind``'s (each with the
@@ -59,6 +60,7 @@ from tidemark.pgoutput.values.pgtype import (
 )
 from tidemark.shapes.identifiers import format_identifier
 from tidemark.shapes.model import BoundShape, ShapeDefinition, bind
+from tidemark.shapes.partitions import Member, identity_problem, read_tree
 from tidemark.shapes.sqltypes import SCALARS, sql_type
 
 _DEFAULT_COLLATION: Final = 100
@@ -126,6 +128,7 @@ class CatalogTable:
     encoding: str  # the database's server encoding
     database_collation: Collation
     persistence: str = "p"  # pg_class.relpersistence: p permanent, u unlogged, t temporary
+    partitions: tuple[Member, ...] = ()  # members below a partitioned table
     # user-defined types the columns use, and the types those are made of
     types: TypeCatalog = field(default_factory=dict)
 
@@ -207,11 +210,10 @@ def check_shape(definition: ShapeDefinition, table: CatalogTable) -> CheckedShap
             "permanent tables only"
         )
     if table.kind == "p":
-        raise ShapeError(
-            f"{label}: table {where} is partitioned; its changes are published per "
-            "partition, which tidemark does not follow: define the shape on a partition"
-        )
-    if table.kind != "r":
+        problem = identity_problem(where, table.replica_identity == "f", table.partitions)
+        if problem is not None:
+            raise ShapeError(f"{label}: {problem}")
+    elif table.kind != "r":
         what = _KIND_NAMES.get(table.kind, f"a relation of kind {table.kind!r}")
         raise ShapeError(
             f"{label}: {where} is {what}; logical replication publishes ordinary tables only"
@@ -467,8 +469,10 @@ async def read_table(conn: Conn, definition: ShapeDefinition) -> CatalogTable:
     if identity == "i":
         query = _INDEX_COLUMNS.format(flag="indisreplident")
         identity_index = [r[0] for r in await _rows(conn, query, (oid,))]
+    partitions = tuple(await read_tree(conn, oid)) if kind == "p" else ()
     return CatalogTable(
         oid=oid,
+        partitions=partitions,
         schema=definition.schema_name,
         name=definition.table_name,
         kind=kind,
