@@ -255,7 +255,11 @@ class EmbeddedPostgres:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def start(self, timeout: float = 60.0) -> EmbeddedPostgres:
+    def start(
+        self, timeout: float = 60.0, *, standby_of: EmbeddedPostgres | None = None
+    ) -> EmbeddedPostgres:
+        """Create and start the cluster: a new one (initdb), or with ``standby_of`` a
+        streaming physical standby of that running primary (``pg_basebackup -R``)."""
         remove_stale_folders()
         self._user = _server_user()
         self.bin_dir = _usable_install(self._source_bin_dir, self._user)
@@ -267,7 +271,10 @@ class EmbeddedPostgres:
         atexit.register(self.stop)
         _install_signal_cleanup(self)
         try:
-            self._initdb()
+            if standby_of is None:
+                self._initdb()
+            else:
+                self._basebackup(standby_of)
             self._launch()
             self._wait_ready(timeout)
         except BaseException:
@@ -322,6 +329,45 @@ class EmbeddedPostgres:
         (self.data_dir / "pg_hba.conf").write_text(hba)
         if self._user is not None:
             os.chown(self.data_dir / "pg_hba.conf", self._user.uid, self._user.gid)
+
+    def _basebackup(self, primary: EmbeddedPostgres) -> None:
+        """Copy ``primary`` into this cluster's data directory as a standby that streams
+        from it (``standby.signal`` and ``primary_conninfo`` written by ``-R``)."""
+        proc = self._run_as_server_user(
+            [
+                str(self.bin_dir / "pg_basebackup"),
+                "-D",
+                str(self.data_dir),
+                "-d",
+                primary.dsn(),
+                "-X",
+                "stream",
+                "-R",
+                "--no-sync",
+                "-c",
+                "fast",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        out, _ = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            raise ConfigError(
+                f"pg_basebackup failed ({proc.returncode}):\n{out.decode(errors='replace')}"
+            )
+        self.major = int((self.data_dir / "PG_VERSION").read_text().strip())
+        self.settings = self.settings | {"hot_standby": "on", "hot_standby_feedback": "on"}
+
+    def promote(self, timeout: float = 60.0) -> None:
+        """Promote this standby to a primary (``pg_ctl promote``), waiting until it is."""
+        proc = self._run_as_server_user(
+            [str(self.bin_dir / "pg_ctl"), "promote", "-w", "-D", str(self.data_dir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        out, _ = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            raise ConfigError(f"pg_ctl promote failed:\n{out.decode(errors='replace')}")
 
     def _launch(self) -> None:
         assert self.dir is not None

@@ -52,6 +52,8 @@ async def run_checks(settings: Settings) -> list[Check]:
             out.append(Check("server", True, f"PostgreSQL {major}, wal_level = logical"))
         except TidemarkError as exc:
             out.append(Check("server", False, str(exc)))
+        if await slots.in_recovery(conn):
+            out.append(await _standby(conn))
         can = await slots.role_can_replicate(conn)
         out.append(
             Check(
@@ -137,6 +139,36 @@ async def run_checks(settings: Settings) -> list[Check]:
     finally:
         await conn.close()
     return out
+
+
+async def _standby(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> Check:
+    """What a standby source needs (logical decoding on a standby: PostgreSQL 16+)."""
+    major = conn.info.server_version // 10000
+    if major < 16:
+        return Check(
+            "standby source",
+            False,
+            f"the source is a standby of PostgreSQL {major}: logical decoding on a standby "
+            "needs PostgreSQL 16 or newer; point the DSN at the primary",
+        )
+    row = await (await conn.execute("select current_setting('hot_standby_feedback')")).fetchone()
+    if not row or row[0] != "on":
+        return Check(
+            "standby source",
+            False,
+            "the source is a standby with hot_standby_feedback off: the primary may remove "
+            "catalog rows the slot still needs, which invalidates it. Run on the standby "
+            "ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf();",
+        )
+    return Check(
+        "standby source",
+        True,
+        "the source is a standby (hot_standby_feedback on): the primary needs wal_level = "
+        "logical; the publication is made on the primary; the slot is created here, and "
+        "its creation waits for the primary to log its running transactions, which an idle "
+        "primary does only rarely: run SELECT pg_log_standby_snapshot(); on the primary if "
+        "it seems stuck",
+    )
 
 
 def _spark(settings: Settings) -> Check:

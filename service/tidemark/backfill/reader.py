@@ -47,6 +47,7 @@ from psycopg import sql
 from tidemark.backfill.fence import SnapshotFence
 from tidemark.lsn import Lsn
 from tidemark.replication.client import session_options
+from tidemark.replication.slot import SOURCE_WAL_LSN
 from tidemark.shapes.identifiers import quote_identifier
 from tidemark.shapes.model import BoundShape
 from tidemark.shapes.partitions import Member, leaves, read_tree
@@ -115,7 +116,7 @@ async def take_snapshot(
     caller until the chunks are read)."""
     row = await (
         await conn.execute(
-            "select pg_current_snapshot()::text, pg_current_wal_lsn()::text, pg_export_snapshot()"
+            f"select pg_current_snapshot()::text, {SOURCE_WAL_LSN}::text, pg_export_snapshot()"
         )
     ).fetchone()
     assert row is not None

@@ -31,6 +31,7 @@ from tidemark.aio import wait_event
 from tidemark.conninfo import redact_text
 from tidemark.lsn import Lsn, format_lsn
 from tidemark.replication.feedback import StatusUpdate
+from tidemark.replication.slot import SOURCE_WAL_LSN
 
 log = structlog.get_logger("tidemark.monitor")
 
@@ -142,8 +143,8 @@ def check_sample(
     return out
 
 
-_QUERY = """
-select pg_current_wal_lsn()::text,
+_QUERY = f"""
+select {SOURCE_WAL_LSN}::text,
        r.pid, r.write_lsn::text, r.flush_lsn::text, r.replay_lsn::text,
        extract(epoch from r.reply_time)::float8,
        extract(epoch from r.replay_lag)::float8,

@@ -25,6 +25,13 @@ from tidemark.errors import ConfigError, ReplicationError, SlotLostError
 
 log = structlog.get_logger("tidemark.replication")
 
+# The source's WAL position: the last replayed on a standby (where decoding reads up
+# to it, and a transaction is visible once its commit record is replayed), the
+# current insert position on a primary.
+SOURCE_WAL_LSN: Final = (
+    "(case when pg_is_in_recovery() then pg_last_wal_replay_lsn() else pg_current_wal_lsn() end)"
+)
+
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 MIN_SERVER_MAJOR = 15
 
@@ -113,7 +120,16 @@ async def ensure_publication(
     row = await (
         await conn.execute("select puballtables from pg_publication where pubname = %s", (name,))
     ).fetchone()
+    standby = await in_recovery(conn)
     if row is None:
+        if standby:
+            listed = ", ".join(_table_text(t) for t in tables or ()) or "..."
+            raise ReplicationError(
+                f"publication '{name}' does not exist, and the source is a standby, where "
+                f"nothing can be created: run on the primary CREATE PUBLICATION {name} FOR "
+                f"TABLE {listed} WITH (publish_via_partition_root = true); it reaches the "
+                "standby by replication"
+            )
         if not create:
             raise ReplicationError(
                 f"publication '{name}' does not exist on the source: create it "
@@ -145,10 +161,16 @@ async def ensure_publication(
             ) from exc
         return True
     if tables and not row[0]:
-        await add_tables_to_publication(conn, name, tables, alter=create)
+        await add_tables_to_publication(conn, name, tables, alter=create and not standby)
     elif tables:
-        await publish_via_root(conn, name, tables, alter=create)
+        await publish_via_root(conn, name, tables, alter=create and not standby)
     return False
+
+
+async def in_recovery(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+    """The source is a standby (read-only: publications are made on the primary)."""
+    row = await (await conn.execute("select pg_is_in_recovery()")).fetchone()
+    return bool(row and row[0])
 
 
 # Changes of a partitioned table's partitions are published as the root's, so a shape
@@ -181,6 +203,9 @@ async def publish_via_root(
     if row is None or row[0]:
         return
     statement = f"ALTER PUBLICATION {name} SET (publish_via_partition_root = true);"
+    if await in_recovery(conn):
+        statement += " (on the primary: the source is a standby)"
+        alter = False
     if not alter:
         raise ReplicationError(
             f"publication '{name}' publishes the partitions of partitioned table(s) "
@@ -236,6 +261,15 @@ async def add_tables_to_publication(
     ).fetchall()
     present = {(str(r[0]), str(r[1])) for r in rows}
     missing = [t for t in tables if tuple(t) not in present]
+    if missing and await in_recovery(conn):
+        statements = " ".join(
+            f"ALTER PUBLICATION {name} ADD TABLE {_table_text(t)};" for t in missing
+        )
+        raise ReplicationError(
+            f"table(s) {', '.join(_table_text(t) for t in missing)} are not in publication "
+            f"'{name}', and the source is a standby, where nothing can be changed: run on "
+            f"the primary {statements} Then try again"
+        )
     if missing and not alter:
         statements = " ".join(
             f"ALTER PUBLICATION {name} ADD TABLE {_table_text(t)};" for t in missing
