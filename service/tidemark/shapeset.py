@@ -639,7 +639,7 @@ class ShapeSet:
                 try:
                     members = await read_tree(conn, status.bound.relation.oid)
                     changes = tree_changes(claim.partitions, members)
-                    filled = [m for m in changes.added if await has_rows(conn, m)]
+                    filled = [m for m in changes.added if await self._has_rows(conn, m)]
                 finally:
                     await conn.execute("rollback")
                 reasons = changes.resync + [
@@ -662,6 +662,16 @@ class ShapeSet:
                     )
         finally:
             await conn.close()
+
+    @staticmethod
+    async def _has_rows(conn: psycopg.AsyncConnection[tuple[Any, ...]], member: Any) -> bool:
+        """Whether a new partition has rows; True when that cannot be read (the resync
+        that follows says why, e.g. the GRANT the partition needs)."""
+        try:
+            async with conn.transaction(force_rollback=True):  # a savepoint
+                return await has_rows(conn, member)
+        except psycopg.errors.InsufficientPrivilege:
+            return True
 
     async def stop(self) -> None:
         """Cancel backfills and retries (shutdown)."""

@@ -180,17 +180,27 @@ async def test_a_table_with_no_close_name_says_only_that_it_is_missing(conn: Con
     assert message == "shape 's1': table public.nothing_like_it does not exist"
 
 
-async def test_views_and_partitioned_tables_are_refused(pg_db: PgDatabase, conn: Conn) -> None:
-    # given a view and a partitioned table
+async def test_views_are_refused_and_partitioned_tables_need_fitting_partitions(
+    pg_db: PgDatabase, conn: Conn
+) -> None:
+    # given a view, and a partitioned table whose identity its partition does not share
     pg_db.execute(
         "create table base (id int primary key); create view v as select * from base;"
-        "create table parts (id int, primary key (id)) partition by range (id)"
+        "create table parts (id int, primary key (id)) partition by range (id);"
+        "create table parts_1 partition of parts for values from (0) to (100);"
+        "alter table parts replica identity full"
     )
-    # when shapes name them; then each error says what the relation is
+    # when shapes name them; then each error says what the relation is, or what to run
     assert "public.v is a view; logical replication publishes ordinary tables only" in (
         await rejected(conn, shape("v"))
     )
-    assert "is partitioned" in await rejected(conn, shape("parts"))
+    assert "Run: ALTER TABLE public.parts_1 REPLICA IDENTITY FULL;" in await rejected(
+        conn, shape("parts")
+    )
+    # and once it does, the partitioned table is accepted
+    pg_db.execute("alter table parts_1 replica identity full")
+    checked = await validate_shape(conn, shape("parts"))
+    assert checked.shape.relation.name == "parts"
 
 
 async def test_unreadable_table_says_which_grant_is_missing(pg_db: PgDatabase) -> None:

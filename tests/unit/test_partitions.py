@@ -80,3 +80,10 @@ def test_a_partitioned_snapshot_is_read_leaf_by_leaf_with_only() -> None:
     # a partitioned table without partitions has nothing to read
     empty = Snapshot(SnapshotFence(1, 1, 1, frozenset()), "s", 0, 0, (), partitioned=True)
     assert plan_snapshot_chunks(empty) == []
+
+
+def test_a_partition_our_role_cannot_read_needs_its_own_grant() -> None:
+    hidden = Member(7, "public", "ev_secret", "r", 70, 1, "500", "f", 1, 0, can_select=False)
+    problem = identity_problem("public.ev", False, [JAN, hidden])
+    assert problem is not None
+    assert "GRANT SELECT ON public.ev_secret TO <tidemark's role>;" in problem

@@ -44,7 +44,7 @@ with recursive tree(relid, parent, link) as (
 select t.relid::bigint, n.nspname, c.relname, c.relkind, c.relfilenode::bigint,
        t.parent::bigint, t.link, c.relreplident,
        (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint,
-       greatest(c.reltuples, 0)::bigint
+       greatest(c.reltuples, 0)::bigint, has_table_privilege(c.oid, 'SELECT')
 from tree t join pg_class c on c.oid = t.relid join pg_namespace n on n.oid = c.relnamespace
 order by n.nspname, c.relname
 """
@@ -64,6 +64,7 @@ class Member:
     replica_identity: str
     relpages: int
     reltuples: int
+    can_select: bool = True  # the snapshot reads each leaf directly
 
     @property
     def qualified_name(self) -> str:
@@ -152,6 +153,13 @@ def identity_problem(root_name: str, needs_full: bool, members: Sequence[Member]
             f"partition(s) {', '.join(foreign)} of {root_name} are foreign tables, whose "
             "changes logical replication does not publish: define the shape on the other "
             "partitions, or detach the foreign ones"
+        )
+    hidden = [m.qualified_name for m in leaves(members) if not m.can_select]
+    if hidden:
+        grants = " ".join(f"GRANT SELECT ON {name} TO <tidemark's role>;" for name in hidden)
+        return (
+            f"our role cannot read partition(s) {', '.join(hidden)} of {root_name} (a "
+            f"snapshot reads each partition; privileges on a partition are its own): {grants}"
         )
     if not needs_full:
         return None
