@@ -19,6 +19,7 @@ SECTIONS = (
     "routing",
     "sink",
     "e2e",
+    "streamed",
     "backfill",
     "cluster",
     "takeover",
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import e2e_bench
 
             e2e_bench.main(args.rows)
+        elif section == "streamed":
+            from bench import streamed_bench
+
+            streamed_bench.main()
         elif section == "backfill":
             from bench import backfill_bench
 
