@@ -114,6 +114,12 @@ class _StreamedTxn:
     oids: set[int] = field(default_factory=set)  # tables it changed
     holders: dict[str, ShapeWriter] = field(default_factory=dict)
 
+    def note_subxact(self, sub: int | None, change: int) -> None:
+        """A change of subtransaction ``sub`` (the xid a streamed change carries) is
+        change number ``change``: remember where each subtransaction began."""
+        if sub is not None and sub != self.xid and sub not in self.first_change:
+            self.first_change[sub] = change
+
 
 def table_key_of(relation: m.Relation) -> TableKey:
     return (relation.namespace or "pg_catalog", relation.name)
@@ -430,9 +436,7 @@ class ShapeLogCollector:
         i = streamed.changes
         streamed.changes = i + 1
         self.stats.changes += 1
-        sub = change.xid
-        if sub is not None and sub != streamed.xid and sub not in streamed.first_change:
-            streamed.first_change[sub] = i
+        streamed.note_subxact(change.xid, i)
         oid = change.relation_oid
         index = self._indexes.get(oid)
         if index is None:
@@ -445,9 +449,7 @@ class ShapeLogCollector:
     def _stream_truncate(self, trunc: m.Truncate) -> None:
         streamed = self._block
         assert streamed is not None
-        sub = trunc.xid
-        if sub is not None and sub != streamed.xid and sub not in streamed.first_change:
-            streamed.first_change[sub] = streamed.changes
+        streamed.note_subxact(trunc.xid, streamed.changes)
         for oid in trunc.relation_oids:
             i = streamed.changes
             streamed.changes = i + 1

@@ -297,9 +297,9 @@ class EmbeddedPostgres:
         pwfile.write_text(PASSWORD + "\n")
         if self._user is not None:
             os.chown(pwfile, self._user.uid, self._user.gid)
-        proc = self._run_as_server_user(
-            [
-                str(self.bin_dir / "initdb"),
+        try:
+            self._run_tool(
+                "initdb",
                 "-D",
                 str(self.data_dir),
                 "-U",
@@ -310,14 +310,10 @@ class EmbeddedPostgres:
                 "--encoding=UTF8",
                 "--locale=C",
                 "--no-sync",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        out, _ = proc.communicate(timeout=120)
-        pwfile.unlink()
-        if proc.returncode != 0:
-            raise ConfigError(f"initdb failed ({proc.returncode}):\n{out.decode(errors='replace')}")
+                timeout=120,
+            )
+        finally:
+            pwfile.unlink()
         self.major = int((self.data_dir / "PG_VERSION").read_text().strip())
         # scram for TCP (so wrong credentials are refused), replication included
         hba = (
@@ -333,41 +329,40 @@ class EmbeddedPostgres:
     def _basebackup(self, primary: EmbeddedPostgres) -> None:
         """Copy ``primary`` into this cluster's data directory as a standby that streams
         from it (``standby.signal`` and ``primary_conninfo`` written by ``-R``)."""
-        proc = self._run_as_server_user(
-            [
-                str(self.bin_dir / "pg_basebackup"),
-                "-D",
-                str(self.data_dir),
-                "-d",
-                primary.dsn(),
-                "-X",
-                "stream",
-                "-R",
-                "--no-sync",
-                "-c",
-                "fast",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+        self._run_tool(
+            "pg_basebackup",
+            "-D",
+            str(self.data_dir),
+            "-d",
+            primary.dsn(),
+            "-X",
+            "stream",
+            "-R",
+            "--no-sync",
+            "-c",
+            "fast",
+            timeout=300,
         )
-        out, _ = proc.communicate(timeout=300)
-        if proc.returncode != 0:
-            raise ConfigError(
-                f"pg_basebackup failed ({proc.returncode}):\n{out.decode(errors='replace')}"
-            )
         self.major = int((self.data_dir / "PG_VERSION").read_text().strip())
         self.settings = self.settings | {"hot_standby": "on", "hot_standby_feedback": "on"}
 
     def promote(self, timeout: float = 60.0) -> None:
         """Promote this standby to a primary (``pg_ctl promote``), waiting until it is."""
+        self._run_tool("pg_ctl", "promote", "-w", "-D", str(self.data_dir), timeout=timeout)
+
+    def _run_tool(self, program: str, *args: str, timeout: float) -> None:
+        """Run one of the install's programs as the server user; ConfigError with its
+        output when it fails."""
         proc = self._run_as_server_user(
-            [str(self.bin_dir / "pg_ctl"), "promote", "-w", "-D", str(self.data_dir)],
+            [str(self.bin_dir / program), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
         out, _ = proc.communicate(timeout=timeout)
         if proc.returncode != 0:
-            raise ConfigError(f"pg_ctl promote failed:\n{out.decode(errors='replace')}")
+            raise ConfigError(
+                f"{program} failed ({proc.returncode}):\n{out.decode(errors='replace')}"
+            )
 
     def _launch(self) -> None:
         assert self.dir is not None

@@ -56,7 +56,7 @@ from tidemark.flush.tracker import FlushTracker
 from tidemark.replication.slot import add_tables_to_publication
 from tidemark.shapes.catalog import CatalogTable, check_shape, read_table, validate_shape
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
-from tidemark.shapes.partitions import fingerprint, has_rows, read_tree, tree_changes
+from tidemark.shapes.partitions import Member, fingerprint, has_rows, read_tree, tree_changes
 from tidemark.shapes.registry import ShapeRegistry
 from tidemark.sink.frontiers import instance_states, state_dir
 from tidemark.sink.schema import column_specs, table_schema
@@ -664,7 +664,7 @@ class ShapeSet:
             await conn.close()
 
     @staticmethod
-    async def _has_rows(conn: psycopg.AsyncConnection[tuple[Any, ...]], member: Any) -> bool:
+    async def _has_rows(conn: psycopg.AsyncConnection[tuple[Any, ...]], member: Member) -> bool:
         """Whether a new partition has rows; True when that cannot be read (the resync
         that follows says why, e.g. the GRANT the partition needs)."""
         try:

@@ -75,6 +75,23 @@ class StandbySnapshots(threading.Thread):
                 conn.execute("select pg_log_standby_snapshot()")
 
 
+def system_identifier(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select system_identifier::text from pg_control_system()").fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+def slot_on(dsn: str, slot: str) -> bool:
+    """The logical slot exists on the server behind ``dsn``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "select 1 from pg_replication_slots where slot_name = %s and slot_type = 'logical'",
+            (slot,),
+        ).fetchone()
+        return row is not None
+
+
 def replay_lsn(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("select pg_last_wal_replay_lsn()::text").fetchone()
@@ -127,13 +144,16 @@ async def test_a_standby_is_a_source_and_its_promotion_keeps_the_stream(
             for shape, query in TRUTH.items():
                 result = compare_shape(spark, str(tmp_path), shape, query, primary_dsn)
                 assert result.equal, result.describe()
+            # and the stream tidemark claims is the standby's (its system, its slot)
             stream = service.store.stream
-            assert stream is not None
+            assert stream is not None and stream.slot == "tm_e2e"
+            assert stream.system_id == system_identifier(standby_dsn)
+            assert slot_on(standby_dsn, "tm_e2e")
             # when the standby is promoted (the primary goes away)
             primary.stop()
             standby.promote()
             snapshots.stop.set()
-            # then the stream goes on from the same slot, on the new timeline
+            # then the stream goes on from the same slot
             await asyncio.to_thread(workload, standby_dsn, 6000)
             async with asyncio.timeout(120):
                 while True:
@@ -142,8 +162,7 @@ async def test_a_standby_is_a_source_and_its_promotion_keeps_the_stream(
                         break
                     await asyncio.sleep(0.2)
             await wait_frontiers(service, target, timeout=180)
-            assert service.store.stream is not None
-            assert service.store.stream.system_id == stream.system_id
+            assert slot_on(standby_dsn, "tm_e2e")
         for shape, query in TRUTH.items():
             result = compare_shape(spark, str(tmp_path), shape, query, standby_dsn)
             assert result.equal, result.describe()

@@ -115,28 +115,21 @@ class Rows:
         """Remove the first ``n`` rows (with their metadata runs) and return them; the
         bytes move in proportion (the per-row sizes are not kept)."""
         total = len(self.ops)
-        n = min(n, total)
-        front = Rows(
-            self.values[:n],
-            self.ops[:n],
-            self.kinds[:n],
-            self.unchanged[:n],
-            has_unchanged=self.has_unchanged,
-            nbytes=self.nbytes * n // total if total else 0,
-        )
+        front = self.peek_front(n)
+        n = len(front)
+        front.nbytes = self.nbytes * n // total if total else 0
+        self.nbytes -= front.nbytes
         for column in (self.values, self.ops, self.kinds, self.unchanged):
             del column[:n]
-        self.nbytes -= front.nbytes
-        left = n
-        while left and self.runs:
+        for _ in front.runs[:-1]:  # the runs the front took whole
+            self.runs.pop(0)
+        if front.runs:
             lsn, xid, ts, count = self.runs[0]
-            if count <= left:
-                front.runs.append(self.runs.pop(0))
-                left -= count
+            left = count - front.runs[-1][3]
+            if left:
+                self.runs[0] = (lsn, xid, ts, left)
             else:
-                front.runs.append((lsn, xid, ts, left))
-                self.runs[0] = (lsn, xid, ts, count - left)
-                left = 0
+                self.runs.pop(0)
         return front
 
     def remap(self, positions: Sequence[int | None]) -> None:
@@ -205,6 +198,8 @@ class Batch:
     columns: list[ColumnSpec] | None = None
     schema: pa.Schema | None = None
     spooled: list[SpooledTxn] = field(default_factory=list)
+    # rows by _kind, counted before a flush moves the rows to spool files (metrics)
+    kinds: dict[str, int] | None = None
 
     @property
     def row_count(self) -> int:

@@ -167,7 +167,9 @@ def commit_batch(
 ) -> CommitResult:
     started = time.perf_counter()
     table.ensure_columns(schema)
-    kinds = dict(Counter(batch.rows.kinds))
+    if batch.kinds is None:  # (a retry finds the rows moved to spool files)
+        batch.kinds = dict(Counter(batch.rows.kinds))
+    kinds = dict(batch.kinds)
     files = list(batch.staged)
     if batch.rows.nbytes >= SLICE_BYTES:
         # large: converted in slices on the driver, then read and written by Spark,
