@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	@$(PY) tests/settle_libraries.py $(VENV)
 	@touch $(STAMP)
 
 # Spark 4 needs Java 17+. As root we install it; otherwise we say what to do.

@@ -132,6 +132,9 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from tidemark.allocators import prepare_process
+
+    prepare_process()  # before pyarrow loads
     from tidemark.app import Service
     from tidemark.observability import configure_logging
 
@@ -390,6 +393,9 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from tidemark.allocators import prepare_process
+
+    prepare_process()  # before pyarrow loads
     from tidemark.demo import run_demo
 
     return run_demo(duration_s=args.duration, data_dir=args.data, port=args.port)

@@ -8,6 +8,7 @@ SIGKILL in the middle of a streamed transaction: every shape equals Postgres, no
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from pathlib import Path
@@ -250,7 +251,7 @@ async def test_a_1gb_transaction_of_1mb_rows_over_six_shapes_stays_in_the_memory
             f" stream blocked {memory['blocked_s']:.1f}s"
         )
         assert memory["streamed_commits"] >= 1 and memory["spooled_bytes"] > 0, memory
-        assert peak * 1024 < 128 * MB + 300 * MB, (peak, memory)
+        assert peak * 1024 < 128 * MB + 300 * MB, (peak, memory, memory_detail(proc.pid))
     finally:
         if proc.poll() is None:
             stop_service(proc, log)
@@ -267,3 +268,18 @@ def vm_kib(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise AssertionError(f"no {field} for process {pid}")
+
+
+def memory_detail(pid: int) -> dict[str, Any]:
+    """What a process's resident memory is made of, for a failure message."""
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    fields = {"Rss", "Anonymous", "AnonHugePages", "Shared_Clean", "Private_Clean"}
+    detail: dict[str, Any] = {
+        line.split(":")[0]: line.split()[1] + " kB"
+        for line in rollup.splitlines()
+        if line.split(":")[0] in fields
+    }
+    detail["threads"] = len(list(Path(f"/proc/{pid}/task").iterdir()))
+    detail["thp"] = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    detail["cpus"] = os.cpu_count()
+    return detail

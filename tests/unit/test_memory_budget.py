@@ -4,6 +4,11 @@ must not fill the budget and wait forever."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -58,3 +63,21 @@ def test_after_staging_the_rest_is_under_budget_unless_only_busy_or_ready_bytes_
     # under the budget, or everything stageable was staged (what is left flushes or
     # waits for a running job)
     assert left < budget or left == stuck
+
+
+def test_the_service_process_allocates_arrow_memory_with_malloc_and_small_pages() -> None:
+    # a fresh interpreter, as `tidemark run` starts: prepare_process before pyarrow loads
+    code = (
+        "from tidemark.allocators import prepare_process; prepare_process()\n"
+        "import pyarrow as pa\n"
+        "thp = [l.split()[1] for l in open('/proc/self/status') if l.startswith('THP_enabled')]\n"
+        "print(pa.default_memory_pool().backend_name, *thp)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "service")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == "system", out
+    if sys.platform.startswith("linux") and len(out) > 1:  # THP_enabled: Linux 5.0 and up
+        assert out[1] == "0", out
