@@ -19,6 +19,7 @@ SECTIONS = (
     "routing",
     "sink",
     "e2e",
+    "shapes",
     "streamed",
     "backfill",
     "cluster",
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import e2e_bench
 
             e2e_bench.main(args.rows)
+        elif section == "shapes":
+            from bench import shapes_bench
+
+            shapes_bench.main()
         elif section == "streamed":
             from bench import streamed_bench
 

@@ -43,6 +43,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -320,7 +321,13 @@ class Service:
             src = settings.source
             # the claims hold only on the stream they were made on: check it first
             self.guard.decide_at_start(await observe_stream(src.dsn, src.slot))
-            self.scheduler = FlushScheduler(self.spark, self.policy, on_commit=self._on_commit)
+            self.scheduler = FlushScheduler(
+                self.spark,
+                self.policy,
+                on_commit=self._on_commit,
+                staging=Path(settings.sink.root) / "_rounds" / src.slot,
+            )
+            self.scheduler.clear_staging()  # a killed run's round files, never committed
             self.shapeset.scheduler, self.shapeset.spark = self.scheduler, self.spark
             tables = await self.shapeset.start()
             self.client = ReplicationClient(

@@ -5,6 +5,12 @@ Markers on stdout (each followed by a short pause, so the parent can kill there)
 ``WRITING <shape> <end_lsn>`` before Spark writes a batch, ``BETWEEN <shape>
 <end_lsn>`` after the files are written and before the Delta commit, and
 ``COMMITTED <shape> <end_lsn>`` after it. ``DONE`` when every transaction is in.
+
+Flush rounds (one Spark job for several shapes): ``ROUND <shape> ...`` after the
+round's job wrote every member's files and before any of its commits, and
+``PARTIAL <shape> <end_lsn>`` after a commit of a round that leaves some of its
+members uncommitted. The commits of a round take turns here (they run in parallel
+in the service), so a kill at ``PARTIAL`` leaves the round half committed.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import threading
 import time
+from pathlib import Path
 
 SHAPES = ("s1", "s2", "s3")
 TXNS = 40
@@ -36,6 +44,7 @@ def main(root: str) -> None:
     from tests.integration.sink_support import make_feeder, open_writer
     from tidemark.spark import build_session
     from tidemark.writers import job
+    from tidemark.writers import scheduler as scheduler_module
     from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
     def say(text: str) -> None:
@@ -43,19 +52,34 @@ def main(root: str) -> None:
         time.sleep(0.3)
 
     real_write, real_commit = job.write_parquet, job.ShapeTable.commit
+    real_round = scheduler_module.write_round
+    turns = threading.Lock()
+    pending: set[str] = set()  # members of the round being committed
 
     def write_parquet(spark, table, schema, specs, rows):  # type: ignore[no-untyped-def]
         say(f"WRITING {table.shape}")
         return real_write(spark, table, schema, specs, rows)
 
+    def write_round(spark, members, staging):  # type: ignore[no-untyped-def]
+        say(f"WRITING {' '.join(m.table.shape for m in members)}")
+        written = real_round(spark, members, staging)
+        pending.update(m.table.shape for m in members)
+        say(f"ROUND {' '.join(m.table.shape for m in members)}")
+        return written
+
     def commit(self, files, end_lsn, metadata=None, **kwargs):  # type: ignore[no-untyped-def]
-        say(f"BETWEEN {self.shape} {end_lsn}")
-        version = real_commit(self, files, end_lsn, metadata, **kwargs)
-        say(f"COMMITTED {self.shape} {end_lsn}")
-        return version
+        with turns:
+            say(f"BETWEEN {self.shape} {end_lsn}")
+            version = real_commit(self, files, end_lsn, metadata, **kwargs)
+            say(f"COMMITTED {self.shape} {end_lsn}")
+            pending.discard(self.shape)
+            if pending:
+                say(f"PARTIAL {self.shape} {end_lsn}")
+            return version
 
     job.write_parquet = write_parquet
     job.ShapeTable.commit = commit  # type: ignore[method-assign]
+    scheduler_module.write_round = write_round
 
     spark = build_session()
     feeder = make_feeder()
@@ -63,7 +87,10 @@ def main(root: str) -> None:
         open_writer(feeder, root, shape)
 
     async def run() -> None:
-        scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=0.05, concurrency=1))
+        scheduler = FlushScheduler(
+            spark, FlushPolicy(max_age_s=0.05, concurrency=1), staging=Path(root) / "_rounds"
+        )
+        scheduler.clear_staging()
         for writer in feeder.writers.values():
             scheduler.add(writer)
         task = asyncio.create_task(scheduler.run())

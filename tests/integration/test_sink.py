@@ -70,6 +70,58 @@ async def test_commits_are_aligned_to_transactions_and_read_back_after_restart(
     assert a2.begin_txn(500, 1, 0) is True
 
 
+async def test_shapes_due_together_are_written_by_one_round_and_committed_each_on_its_own(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tidemark.writers import job
+
+    # given four shapes, one with another column layout, and a conversion of shape
+    # c's rows that fails once
+    feeder = make_feeder()
+    wide = [*ITEM_COLUMNS, ColumnSpec("extra", 25)]
+    writers = [open_writer(feeder, str(tmp_path), name) for name in ("a", "b", "c")]
+    writers.append(open_writer(feeder, str(tmp_path), "d", wide))
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    for w in writers:
+        scheduler.add(w)
+    real_build = job.build_table
+    failing = {"c": 1}
+
+    def build_table(schema, specs, rows, shape=None):  # type: ignore[no-untyped-def]
+        if failing.get(shape):
+            failing[shape] -= 1
+            raise ValueError(f"planted: a value of {shape} does not convert")
+        return real_build(schema, specs, rows, shape)
+
+    monkeypatch.setattr(job, "build_table", build_table)
+    feeder.txn(100, {"a": [ins(1)], "b": [ins(1)], "c": [ins(1)]})
+    wide_row = ("insert", (b"7", b"n", b"big", b"more"), None)
+    feeder.txn(200, {"a": [ins(2)], "c": [ins(2)], "d": [wide_row]})
+    # when they are flushed at once
+    async with running(scheduler):
+        await scheduler.flush_all()
+        for _ in range(200):  # c's retry runs after a backoff
+            if feeder.notified and feeder.notified[-1] == 200:
+                break
+            await asyncio.sleep(0.05)
+    # then one round wrote them (one Spark job per layout), each table got its own
+    # commit, and c, whose conversion failed in the round, was retried on its own
+    assert scheduler.stats.rounds == 1 and scheduler.stats.round_shapes == 4
+    assert scheduler.stats.job_failures == 1 and failing["c"] == 0
+    assert feeder.notified[-1] == 200
+    want = {"a": [(1, 100), (2, 200)], "b": [(1, 100)], "c": [(1, 100), (2, 200)], "d": [(7, 200)]}
+    for w in writers:
+        assert sorted((r["id"], r["_lsn"]) for r in rows_of(w.table)) == want[w.shape]
+        assert w.table.committed_lsn() == max(lsn for _, lsn in want[w.shape])
+        assert w.failure is None
+    assert [r["extra"] for r in rows_of(writers[3].table)] == ["more"]
+    # and the round left nothing behind in its staging folder
+    assert scheduler.staging is not None
+    assert not list(scheduler.staging.rglob("*.parquet"))
+
+
 async def test_a_replayed_batch_is_not_committed_twice(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     feeder = make_feeder()
     w = open_writer(feeder, str(tmp_path), "a")

@@ -1,7 +1,9 @@
 """Exactly-once under crashes: a writer process is SIGKILLed during a Spark job,
-between the job and the Delta commit, and right after a commit; after each
-restart every shape holds each (_lsn, _op) exactly once, its committed offset
-matches its contents, and nothing at or below the committed offset is missing."""
+between the job and the Delta commit, and right after a commit, and for flush
+rounds (one Spark job for several shapes) between the round's job and its commits
+and with the round half committed; after each restart every shape holds each
+(_lsn, _op) exactly once, its committed offset matches its contents, and nothing at
+or below the committed offset is missing."""
 
 from __future__ import annotations
 
@@ -65,10 +67,27 @@ def check_exactly_once(root: Path) -> dict[str, int | None]:
 
 
 def test_killed_writer_restarts_without_loss_or_duplicates(tmp_path: Path) -> None:
+    kills = (("WRITING", 3), ("BETWEEN", 4), ("COMMITTED", 5), ("BETWEEN", 2))
+    check_kills(tmp_path, kills)
+
+
+def test_a_writer_killed_between_a_rounds_job_and_its_commits_loses_and_duplicates_nothing(
+    tmp_path: Path,
+) -> None:
+    # killed after a round's Spark job wrote every member's files, before any commit;
+    # then twice with a round half committed (some members committed, others not)
+    kills = (("ROUND", 1), ("PARTIAL", 1), ("ROUND", 2), ("PARTIAL", 2))
+    seen_rounds = check_kills(tmp_path, kills)
+    assert seen_rounds, "no flush round ran"
+
+
+def check_kills(tmp_path: Path, kills: tuple[tuple[str, int], ...]) -> list[str]:
     history = []
-    for kill_at, nth in (("WRITING", 3), ("BETWEEN", 4), ("COMMITTED", 5), ("BETWEEN", 2)):
+    rounds = []
+    for kill_at, nth in kills:
         seen = run_child(tmp_path, kill_at, nth)
         assert any(line.startswith(kill_at) for line in seen), seen[-5:]
+        rounds += [line for line in seen if line.startswith("ROUND")]
         history.append(check_exactly_once(tmp_path))
     seen = run_child(tmp_path, None, 0)
     assert seen[-1] == "DONE"
@@ -82,3 +101,4 @@ def test_killed_writer_restarts_without_loss_or_duplicates(tmp_path: Path) -> No
     for shape in SHAPES:
         offsets = [h[shape] or 0 for h in history] + [final[shape] or 0]
         assert offsets == sorted(offsets)
+    return rounds

@@ -16,11 +16,15 @@ commit landed.
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -165,11 +169,11 @@ def check_column_types(table: ShapeTable, schema: pa.Schema) -> None:
 def commit_batch(
     spark: Any, table: ShapeTable, schema: pa.Schema, specs: Sequence[ColumnSpec], batch: Batch
 ) -> CommitResult:
+    """One shape's flush on its own: Spark writes the batch, then its Delta commit."""
     started = time.perf_counter()
     table.ensure_columns(schema)
     if batch.kinds is None:  # (a retry finds the rows moved to spool files)
         batch.kinds = dict(Counter(batch.rows.kinds))
-    kinds = dict(batch.kinds)
     files = list(batch.staged)
     if batch.rows.nbytes >= SLICE_BYTES:
         # large: converted in slices on the driver, then read and written by Spark,
@@ -177,12 +181,20 @@ def commit_batch(
         spool_batch_rows(table, schema, specs, batch)
     if len(batch.rows):
         files += write_parquet(spark, table, schema, specs, batch.rows)
-    spooled_rows = 0
     for txn in batch.spooled:
-        rewritten = rewrite_spooled(spark, table, schema, txn)
-        spooled_rows += sum(f.num_rows for f in rewritten)
-        files += rewritten
-    written = time.perf_counter()
+        files += rewrite_spooled(spark, table, schema, txn)
+    return commit_files(table, batch, files, time.perf_counter() - started)
+
+
+def commit_files(
+    table: ShapeTable, batch: Batch, files: list[DataFile], write_seconds: float
+) -> CommitResult:
+    """The Delta commit of ``batch`` once its files are written (``files`` includes the
+    staged ones); then its spool files, now in the table, are deleted."""
+    if batch.kinds is None:
+        batch.kinds = dict(Counter(batch.rows.kinds))
+    kinds = dict(batch.kinds)
+    started = time.perf_counter()
     metadata = {
         "tidemark.transactions": batch.transactions,
         "tidemark.lastOp": batch.last_offset.op_offset,
@@ -199,10 +211,100 @@ def commit_batch(
     return CommitResult(
         table.shape,
         version,
-        len(batch.rows) + sum(f.num_rows for f in batch.staged) + spooled_rows,
+        sum(f.num_rows for f in files),
         len(files),
         batch.end_lsn,
-        written - started,
-        done - written,
+        write_seconds,
+        done - started,
         kinds,
     )
+
+
+# -- flush rounds: the batches of many shapes in one Spark job -------------------------
+
+ROUND_BYTES = 32 * 1024 * 1024  # buffered rows one round job converts and sends at most
+PART = "_tm_part"  # the partition column of a round's output: the member's index
+
+
+@dataclass(slots=True)
+class RoundMember:
+    table: ShapeTable
+    schema: pa.Schema
+    specs: Sequence[ColumnSpec]
+    batch: Batch
+
+
+def joins_round(batch: Batch) -> bool:
+    """A batch a round can write: rows in memory, small enough for one local relation.
+    Batches with spooled transactions or large rows go through ``commit_batch``."""
+    return not batch.spooled and len(batch.rows) > 0 and batch.rows.nbytes < SLICE_BYTES
+
+
+def write_round(
+    spark: Any, members: Sequence[RoundMember], staging: Path
+) -> list[list[DataFile] | BaseException]:
+    """Spark writes the rows of several shapes' batches: one job per column layout,
+    the rows of all its shapes in one DataFrame with the member's index as a
+    partition column (``partitionBy``), into a folder under ``staging``; each
+    member's files are then moved into a fresh ``data/<uuid>/`` folder of its own
+    table. Nothing is committed. Per member: its files (the staged ones first), or
+    the error that stopped it (a conversion error stops only that member; a failed
+    Spark job every member of its layout)."""
+    results: list[list[DataFile] | BaseException] = [[] for _ in members]
+    layouts: dict[tuple[tuple[str, str], ...], list[int]] = {}
+    for i, member in enumerate(members):
+        key = tuple((f.name, str(f.type)) for f in member.schema)
+        layouts.setdefault(key, []).append(i)
+    for indexes in layouts.values():
+        parts: list[pa.Table] = []
+        ready: list[int] = []
+        for i in indexes:
+            m = members[i]
+            try:
+                m.table.ensure_columns(m.schema)
+                check_column_types(m.table, m.schema)
+                if m.batch.kinds is None:
+                    m.batch.kinds = dict(Counter(m.batch.rows.kinds))
+                arrow = build_table(m.schema, m.specs, m.batch.rows, m.table.shape)
+            except Exception as exc:  # this member only: the others go on
+                results[i] = exc
+                continue
+            parts.append(arrow.append_column(PART, pa.array([i] * arrow.num_rows, pa.int32())))
+            ready.append(i)
+        if not ready:
+            continue
+        try:
+            written = _write_partitioned(spark, parts, members[ready[0]].schema, staging)
+            for i in ready:
+                m = members[i]
+                files = _adopt(m.table, written / f"{PART}={i}")
+                results[i] = [*m.batch.staged, *files]
+            shutil.rmtree(written, ignore_errors=True)
+        except Exception as exc:  # the job (or a move): every member of the layout
+            for i in ready:
+                if not isinstance(results[i], BaseException):
+                    results[i] = exc
+    return results
+
+
+def _write_partitioned(spark: Any, parts: list[pa.Table], schema: pa.Schema, staging: Path) -> Path:
+    combined = pa.concat_tables(parts)
+    del parts[:]
+    folder = staging / str(uuid.uuid4())
+    target = spark_schema(combined.schema)
+    for part in arrow_parts(spark, combined):
+        frame = spark.createDataFrame(part, schema=target)
+        frame.coalesce(1).write.partitionBy(PART).mode("append").parquet(str(folder))
+    return folder
+
+
+def _adopt(table: ShapeTable, folder: Path) -> list[DataFile]:
+    """Move the Parquet files Spark wrote to ``folder`` into a fresh folder of ``table``."""
+    if not folder.is_dir():
+        return []
+    rel, target = table.new_batch_dir()
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in os.scandir(folder):
+        if entry.name.endswith(".parquet") and not entry.name.startswith((".", "_")):
+            os.rename(entry.path, target / entry.name)
+    return table.files_in(rel)

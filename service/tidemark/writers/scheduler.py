@@ -34,9 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import shutil
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -44,7 +48,17 @@ import structlog
 from tidemark.aio import wait_event
 from tidemark.errors import WriterFenced
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
-from tidemark.writers.job import CommitResult, commit_batch, write_parquet, write_spool
+from tidemark.writers.job import (
+    ROUND_BYTES,
+    CommitResult,
+    RoundMember,
+    commit_batch,
+    commit_files,
+    joins_round,
+    write_parquet,
+    write_round,
+    write_spool,
+)
 from tidemark.writers.memory import OpenPart, parts_to_stage
 from tidemark.writers.writer import JobFailure, ShapeWriter
 
@@ -63,6 +77,7 @@ class FlushPolicy:
     max_age_s: float = 1.0
     coalesce_age_s: float = 0.25
     concurrency: int = 4
+    commit_concurrency: int = 8  # Delta commits of one round at once
     memory_budget: int = 1024 * 1024 * 1024
     stage_bytes: int = 256 * 1024 * 1024
 
@@ -71,6 +86,8 @@ class FlushPolicy:
 class SchedulerStats:
     commits: int = 0
     rows_committed: int = 0
+    rounds: int = 0  # Spark jobs that wrote the batches of several shapes at once
+    round_shapes: int = 0  # batches those jobs wrote
     stage_jobs: int = 0
     spooled_bytes: int = 0  # Parquet bytes written for transactions still streamed
     job_failures: int = 0
@@ -88,9 +105,16 @@ class FlushScheduler:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_commit: Callable[[CommitResult], None] | None = None,
+        staging: Path | None = None,
     ) -> None:
         self.spark = spark
         self.policy = policy or FlushPolicy()
+        # where round jobs write before their files move into the tables (on the same
+        # filesystem as the tables); default: ``<root>/_rounds/<uuid>`` of the first table
+        self.staging = staging
+        self._commits = ThreadPoolExecutor(
+            max_workers=self.policy.commit_concurrency, thread_name_prefix="delta-commit"
+        )
         self.writers: dict[str, ShapeWriter] = {}
         self.stats = SchedulerStats()
         self._clock = clock
@@ -99,7 +123,7 @@ class FlushScheduler:
         self._room = asyncio.Event()
         self._room.set()
         self._slots = asyncio.Semaphore(self.policy.concurrency)
-        self._jobs: set[asyncio.Task[None]] = set()
+        self._jobs: set[asyncio.Task[Any]] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
         self._flush_all_requested = False
         self._idle = asyncio.Event()
@@ -225,11 +249,30 @@ class FlushScheduler:
             due += joiners
         # stream work first, then backfill; biggest buffers first under pressure
         due.sort(key=lambda w: (w.backfill, -w.buffer.nbytes))
+        rounds: list[list[tuple[ShapeWriter, Batch]]] = [[]]
+        size = 0
         for writer in due:
             batch = writer.take_batch()
             if batch is None:
                 continue
-            self._launch(writer, self._flush_job(writer, batch), batch.rows.nbytes, batch.first_lsn)
+            if not joins_round(batch):
+                self._launch(
+                    writer, self._flush_job(writer, batch), batch.rows.nbytes, batch.first_lsn
+                )
+                continue
+            if rounds[-1] and size + batch.rows.nbytes > ROUND_BYTES:
+                rounds.append([])
+                size = 0
+            rounds[-1].append((writer, batch))
+            size += batch.rows.nbytes
+        for members in rounds:
+            if len(members) == 1:
+                writer, batch = members[0]
+                self._launch(
+                    writer, self._flush_job(writer, batch), batch.rows.nbytes, batch.first_lsn
+                )
+            elif members:
+                self._launch_round(members)
         parts = [
             OpenPart(
                 w.shape,
@@ -277,24 +320,50 @@ class FlushScheduler:
 
         def done(t: asyncio.Task[None]) -> None:
             self._jobs.discard(t)
-            writer.in_flight = False
-            error = None if t.cancelled() else t.exception()
-            if error is None:
-                writer.in_flight_bytes, writer.in_flight_lsn = 0, None
-                writer.retry = None
-                if writer.failure is not None:
-                    log.info(
-                        "flush.recovered", shape=writer.shape, attempts=writer.failure.attempts
-                    )
-                    writer.failure = None
-            else:
-                self._failed(writer, job, error)
-            if not self._jobs:
-                self._idle.set()
-            self._room.set()
-            self._wake.set()
+            self._finished(writer, job, None if t.cancelled() else t.exception())
+            self._job_ended()
 
         task.add_done_callback(done)
+
+    def _launch_round(self, members: list[tuple[ShapeWriter, Batch]]) -> None:
+        """One task for the batches of several shapes: one Spark job per column layout,
+        then each shape's own Delta commit. Each shape succeeds or fails on its own; a
+        failed one is retried as its own flush (``_flush_job``), the same batch."""
+        for writer, batch in members:
+            writer.in_flight = True
+            writer.in_flight_bytes = batch.rows.nbytes
+            writer.in_flight_lsn = batch.first_lsn
+        self._idle.clear()
+        task = asyncio.create_task(self._round(members), name=f"round-{len(members)}")
+        self._jobs.add(task)
+
+        def done(t: asyncio.Task[dict[str, BaseException]]) -> None:
+            self._jobs.discard(t)
+            crashed = None if t.cancelled() else t.exception()
+            errors = {} if crashed is not None or t.cancelled() else t.result()
+            for writer, batch in members:
+                error = crashed if crashed is not None else errors.get(writer.shape)
+                self._finished(writer, self._flush_job(writer, batch), error)
+            self._job_ended()
+
+        task.add_done_callback(done)
+
+    def _finished(self, writer: ShapeWriter, job: Job, error: BaseException | None) -> None:
+        writer.in_flight = False
+        if error is None:
+            writer.in_flight_bytes, writer.in_flight_lsn = 0, None
+            writer.retry = None
+            if writer.failure is not None:
+                log.info("flush.recovered", shape=writer.shape, attempts=writer.failure.attempts)
+                writer.failure = None
+        else:
+            self._failed(writer, job, error)
+
+    def _job_ended(self) -> None:
+        if not self._jobs:
+            self._idle.set()
+        self._room.set()
+        self._wake.set()
 
     def _failed(self, writer: ShapeWriter, job: Job, error: BaseException) -> None:
         """Keep the job to run it again after a backoff; its bytes stay counted. A
@@ -336,6 +405,61 @@ class FlushScheduler:
             result = await asyncio.to_thread(
                 commit_batch, self.spark, writer.table, schema, columns, batch
             )
+        self._committed(writer, batch, result)
+
+    async def _round(self, members: list[tuple[ShapeWriter, Batch]]) -> dict[str, BaseException]:
+        """Write every member's rows in one Spark job per layout, then commit each
+        member's files in its table, the commits in parallel. Returns the members
+        that failed, with their errors."""
+        specs = [
+            RoundMember(
+                writer.table,
+                batch.schema if batch.schema is not None else writer.schema,
+                batch.columns if batch.columns is not None else writer.columns,
+                batch,
+            )
+            for writer, batch in members
+        ]
+        staging = self._staging_dir(members[0][0])
+        started = time.perf_counter()
+        async with self._slots:
+            written = await asyncio.to_thread(write_round, self.spark, specs, staging)
+        write_s = time.perf_counter() - started
+        self.stats.rounds += 1
+        self.stats.round_shapes += len(members)
+        log.debug("round.written", shapes=len(members), write_s=round(write_s, 3))
+        errors: dict[str, BaseException] = {}
+        loop = asyncio.get_running_loop()
+        commits: dict[str, asyncio.Future[CommitResult]] = {}
+        for (writer, batch), files in zip(members, written, strict=True):
+            if isinstance(files, BaseException):
+                errors[writer.shape] = files
+                continue
+            commits[writer.shape] = loop.run_in_executor(
+                self._commits, commit_files, writer.table, batch, files, write_s
+            )
+        outcomes = await asyncio.gather(*commits.values(), return_exceptions=True)
+        results = dict(zip(commits, outcomes, strict=True))
+        for writer, batch in members:
+            outcome = results.get(writer.shape)
+            if isinstance(outcome, BaseException):
+                errors[writer.shape] = outcome
+            elif outcome is not None:
+                self._committed(writer, batch, outcome)
+        return errors
+
+    def _staging_dir(self, writer: ShapeWriter) -> Path:
+        if self.staging is None:
+            self.staging = writer.table.root / "_rounds" / str(uuid.uuid4())
+        return self.staging
+
+    def clear_staging(self) -> None:
+        """Delete what round jobs of an earlier run left in the staging folder (files
+        written but never moved into a table: their batches were not committed)."""
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def _committed(self, writer: ShapeWriter, batch: Batch, result: CommitResult) -> None:
         writer.batch_committed(batch, result.version)
         stats = self.stats
         if result.version is None:

@@ -1,0 +1,199 @@
+"""Cost against the number of shapes: N equality shapes (``grp = k``) on one table,
+a steady 5k rows/s in 100-row transactions for 30 s, defaults otherwise
+(``max_age_s = 1``). For each N: how long until all (empty) shapes are ready, the
+ack lag (source commit -> slot ``confirmed_flush_lsn``) p50/p99 during the load,
+how long the acknowledgement takes to reach the last commit after the load stops
+(drain), Delta commits per second and how many shape batches each Spark job wrote
+(flush rounds). Every row inserted must be committed exactly once.
+
+Usage: ``python -m bench shapes`` (N = 10, 100, 1000; ``TIDEMARK_BENCH_SHAPES=10,100``
+to choose; ``TIDEMARK_BENCH_MAX_AGE=0.5`` to try another ``flush.max_age_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from tidemark.embedded import EmbeddedPostgres
+from tidemark.lsn import Lsn
+
+RATE = 5_000  # rows/s
+TXN_ROWS = 100
+LOAD_S = 30.0
+TARGET_P99_S = {100: 2.0, 1000: 5.0}
+MAX_AGE = os.environ.get("TIDEMARK_BENCH_MAX_AGE")  # default: the service's own
+
+
+def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
+    from tidemark.config import Settings
+
+    return Settings.model_validate(
+        {
+            "source": {"dsn": pg.dsn(db), "slot": f"bench_{shapes}", "publication": "grp_pub"},
+            "sink": {"root": str(root)},
+            "http": {"port": 0},
+            "monitor": {"period_s": 0.5},
+            **({"flush": {"max_age_s": float(MAX_AGE)}} if MAX_AGE else {}),
+            "log_level": "warning",
+            "shapes": [
+                {"name": f"g{k}", "table": "public.grp_items", "where": f"grp = {k}"}
+                for k in range(shapes)
+            ],
+        }
+    )
+
+
+def _prepare(pg: EmbeddedPostgres, db: str) -> None:
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute(f"create database {db}")
+    with psycopg.connect(pg.dsn(db), autocommit=True) as conn:
+        conn.execute("create table grp_items (id bigint primary key, grp int not null, body text)")
+        conn.execute("alter table grp_items replica identity full")
+        conn.execute("create publication grp_pub for table grp_items")
+
+
+def _load(dsn: str, shapes: int, commits: list[tuple[int, float]]) -> int:
+    """5k rows/s in 100-row transactions for 30 s; returns the rows written."""
+    interval = TXN_ROWS / RATE
+    next_id = 1
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        deadline = time.monotonic() + LOAD_S
+        due = time.monotonic()
+        while time.monotonic() < deadline:
+            with conn.transaction():
+                conn.execute(
+                    "insert into grp_items select g, g %% %s, 'x'"
+                    " from generate_series(%s::bigint, %s::bigint) g",
+                    (shapes, next_id, next_id + TXN_ROWS - 1),
+                )
+                before = conn.execute("select pg_current_wal_insert_lsn()::text").fetchone()
+            commits.append((int(Lsn.parse(before[0])), time.time()))  # type: ignore[index]
+            next_id += TXN_ROWS
+            due += interval
+            time.sleep(max(0.0, due - time.monotonic()))
+    return next_id - 1
+
+
+async def _run(pg: EmbeddedPostgres, spark: Any, shapes: int) -> dict[str, float]:
+    from tidemark.app import Service
+
+    db = f"shapes_{shapes}"
+    _prepare(pg, db)
+    dsn = pg.dsn(db)
+    root = Path(tempfile.mkdtemp(prefix=f"tidemark-bench-shapes-{shapes}-"))
+    service = Service(_settings(pg, db, root, shapes), spark=spark)
+    started = time.perf_counter()
+    task = asyncio.create_task(service.run())
+    try:
+        while len(service.shapes) < shapes or any(
+            s.state != "active" for s in service.shapes.values()
+        ):
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.05)
+        ready_s = time.perf_counter() - started
+
+        acks: list[tuple[float, int]] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    row = conn.execute(
+                        "select confirmed_flush_lsn::text from pg_replication_slots"
+                        " where slot_name = %s",
+                        (f"bench_{shapes}",),
+                    ).fetchone()
+                    acks.append((time.time(), int(Lsn.parse(row[0]))))  # type: ignore[index]
+                    time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        scheduler = service.scheduler
+        assert scheduler is not None
+        stats = scheduler.stats
+        commits0 = stats.commits
+        rounds0, members0 = getattr(stats, "rounds", 0), getattr(stats, "round_shapes", 0)
+        commits: list[tuple[int, float]] = []
+        load_started = time.perf_counter()
+        rows = await asyncio.to_thread(_load, dsn, shapes, commits)
+        load_ended = time.time()
+        last_lsn = commits[-1][0]
+        while not acks or acks[-1][1] <= last_lsn:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.02)
+        drain_s = time.time() - load_ended
+        elapsed = time.perf_counter() - load_started
+        stop.set()
+        sampler.join()
+        committed = sum(w.rows_committed for w in scheduler.writers.values())
+        assert committed == rows, f"{shapes} shapes: committed {committed} rows of {rows}"
+        lags = []
+        j = 0
+        for lsn, at in commits:
+            while j < len(acks) and acks[j][1] <= lsn:
+                j += 1
+            if j < len(acks):
+                lags.append(acks[j][0] - at)
+        lags.sort()
+        rounds = getattr(stats, "rounds", 0) - rounds0
+        return {
+            "shapes": shapes,
+            "ready_s": ready_s,
+            "lag_p50_s": statistics.median(lags),
+            "lag_p99_s": lags[int(0.99 * (len(lags) - 1))],
+            "drain_s": drain_s,
+            "commits_s": (scheduler.stats.commits - commits0) / elapsed,
+            "per_round": (getattr(stats, "round_shapes", 0) - members0) / rounds if rounds else 0.0,
+            "rows": rows,
+        }
+    finally:
+        service.request_stop()
+        try:
+            await task
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> list[dict[str, float]]:
+    from tidemark.spark import build_session
+
+    counts = [int(n) for n in os.environ.get("TIDEMARK_BENCH_SHAPES", "10,100,1000").split(",")]
+    print(
+        f"== shapes: N equality shapes on one table, {RATE:,} rows/s in {TXN_ROWS}-row"
+        f" transactions for {LOAD_S:.0f} s, default flush settings =="
+    )
+    spark = build_session()
+    spark.createDataFrame([(1,)], "a int").collect()  # warm the JVM
+    results = []
+    with EmbeddedPostgres() as pg:
+        print(
+            f"{'shapes':>6} {'ready':>8} {'lag p50':>8} {'lag p99':>8} {'drain':>7}"
+            f" {'commits/s':>10} {'shapes/job':>10}"
+        )
+        for n in counts:
+            out = asyncio.run(_run(pg, spark, n))
+            results.append(out)
+            target = TARGET_P99_S.get(n)
+            verdict = "" if target is None else f"  (p99 target <= {target:.0f} s)"
+            print(
+                f"{n:>6} {out['ready_s']:>7.1f}s {out['lag_p50_s']:>7.2f}s"
+                f" {out['lag_p99_s']:>7.2f}s {out['drain_s']:>6.1f}s {out['commits_s']:>10.1f}"
+                f" {out['per_round']:>10.1f}{verdict}"
+            )
+    return results
+
+
+if __name__ == "__main__":
+    main()
