@@ -240,6 +240,16 @@ class Metrics:
             "Jobs that wrote open transactions' rows out of memory (staged or spooled)",
             registry=r,
         )
+        self.flush_rounds = Counter(
+            "tidemark_flush_rounds_total",
+            "Spark jobs that wrote the batches of several shapes at once (flush rounds)",
+            registry=r,
+        )
+        self.round_batches = Counter(
+            "tidemark_flush_round_batches_total",
+            "Shape batches written by flush rounds (divided by the rounds: shapes per job)",
+            registry=r,
+        )
         self.spooled_bytes = Counter(
             "tidemark_spooled_bytes_total",
             "Parquet bytes spooled for transactions Postgres streams before their commit",
@@ -308,6 +318,8 @@ def refresh_metrics(service: Any) -> None:
         _set_counter(m.backpressure_waits, scheduler.stats.backpressure_waits)
         _set_counter(m.blocked_seconds, scheduler.stats.blocked_seconds)
         _set_counter(m.stage_jobs, scheduler.stats.stage_jobs)
+        _set_counter(m.flush_rounds, scheduler.stats.rounds)
+        _set_counter(m.round_batches, scheduler.stats.round_shapes)
         _set_counter(m.spooled_bytes, scheduler.stats.spooled_bytes)
         _set_counter(m.flush_failures, scheduler.stats.job_failures)
         for name, writer in scheduler.writers.items():

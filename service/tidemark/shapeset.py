@@ -72,6 +72,7 @@ log = structlog.get_logger("tidemark.shapes")
 RETRY_FIRST_S = 2.0
 RETRY_MAX_S = 300.0
 PARTITION_CHECK_S = 5.0  # how often partitioned shapes check their partition tree
+BACKFILLS_AT_ONCE = 4  # backfills that run at the same time (new shapes start faster)
 
 
 @dataclass
@@ -129,6 +130,8 @@ class ShapeSet:
         self._retries: dict[str, asyncio.TimerHandle] = {}
         self._catching_up: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._catalog_conn: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
+        self._catalog_lock = asyncio.Lock()
 
     # -- activation ----------------------------------------------------------------
 
@@ -401,11 +404,16 @@ class ShapeSet:
 
     async def _rebind(self, status: ShapeStatus) -> None:
         """Bind the shape to its table as the catalog has it now."""
-        conn = await self._source()
-        try:
-            catalog = await read_table(conn, status.definition)
-        finally:
-            await conn.close()
+        async with self._catalog_lock:  # one connection for every backfill's rebind
+            conn = self._catalog_conn
+            if conn is None or conn.closed:
+                conn = self._catalog_conn = await self._source()
+            try:
+                catalog = await read_table(conn, status.definition)
+            except BaseException:
+                self._catalog_conn = None
+                await conn.close()
+                raise
         checked = check_shape(status.definition, catalog)
         name = status.definition.name
         writer = self.scheduler.writers.get(name) if self.scheduler is not None else None
@@ -427,24 +435,44 @@ class ShapeSet:
     # -- backfills ------------------------------------------------------------------------------
 
     async def run_backfills(self, streaming: asyncio.Event) -> None:
-        """Backfill queued shapes, one at a time, once the stream runs."""
+        """Backfill queued shapes once the stream runs, ``BACKFILLS_AT_ONCE`` at a time
+        (their snapshots are taken one at a time: each pauses the consumer), never two
+        of one shape: a cancelled backfill still finishing its commit is awaited first."""
         await streaming.wait()
-        while True:
-            name = await self._queue.get()
-            status = self.statuses.get(name)
-            if status is None or status.backfills_done >= status.backfills_wanted:
-                continue  # removed, or an earlier run already served this request
-            if name in self._running or name in self._retries:
-                continue  # runs now, or waits for its retry
-            task = asyncio.create_task(
-                self._backfill(name, status, status.backfills_wanted), name=f"backfill-{name}"
-            )
-            self._running[name] = task
-            try:
-                await asyncio.wait({task})
-            finally:
-                if self._running.get(name) is task:
-                    del self._running[name]
+        slots = asyncio.Semaphore(BACKFILLS_AT_ONCE)
+        started: dict[str, asyncio.Task[None]] = {}  # each shape's last backfill, until done
+        try:
+            while True:
+                name = await self._queue.get()
+                previous = started.get(name)
+                if previous is not None and not previous.done():
+                    await asyncio.wait({previous})
+                await slots.acquire()
+                status = self.statuses.get(name)
+                if (
+                    status is None  # removed
+                    or status.backfills_done >= status.backfills_wanted  # request served
+                    or name in self._running  # runs now
+                    or name in self._retries  # waits for its retry
+                ):
+                    slots.release()
+                    continue
+                task = asyncio.create_task(
+                    self._backfill(name, status, status.backfills_wanted), name=f"backfill-{name}"
+                )
+                self._running[name] = task
+                started[name] = task
+
+                def done(t: asyncio.Task[None], name: str = name) -> None:
+                    slots.release()
+                    if self._running.get(name) is t:
+                        del self._running[name]
+                    if started.get(name) is t:
+                        del started[name]
+
+                task.add_done_callback(done)
+        finally:
+            for task in started.values():
                 if not task.done():
                     task.cancel()
 
@@ -681,3 +709,7 @@ class ShapeSet:
             task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._catalog_conn is not None:
+            with contextlib.suppress(Exception):
+                await self._catalog_conn.close()
+            self._catalog_conn = None

@@ -98,6 +98,17 @@ async def begin_snapshot(
         raise
 
 
+async def heap_bytes(conn: psycopg.AsyncConnection[tuple[object, ...]], oid: int) -> int:
+    """The table's heap size now (a partitioned table: all its partitions')."""
+    cur = await conn.execute(
+        "select coalesce(sum(pg_relation_size(relid)), 0)::bigint"
+        " from pg_partition_tree(%s::oid::regclass)",
+        (oid,),
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0  # type: ignore[call-overload]
+
+
 async def connect_reader(dsn: str) -> psycopg.AsyncConnection[tuple[object, ...]]:
     return await psycopg.AsyncConnection.connect(dsn, autocommit=True, options=session_options(dsn))
 

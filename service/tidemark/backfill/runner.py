@@ -24,7 +24,8 @@ and invalidated its claim. Then:
    snapshot does not see (its commit record is in WAL, but it is not visible yet,
    e.g. waiting for a synchronous standby). Neither side would have it, so the
    snapshot is dropped and taken again, until no such commit exists.
-3. The snapshot is read in ctid chunks by the readers (two connections); Spark
+3. The snapshot is read in ctid chunks by the readers (two connections; a table of
+   at most one chunk, 16 MiB, is read on the snapshot's own connection); Spark
    writes each chunk as staged Parquet (``_kind = snapshot``), with lower priority
    than stream flushes, so acknowledgements are not delayed.
 4. The snapshot transaction ends (the lock is released), and one Delta commit adds
@@ -75,6 +76,7 @@ from tidemark.writers.writer import ShapeWriter
 log = structlog.get_logger("tidemark.backfill")
 
 PARALLEL_READERS = 2
+SMALL_TABLE_BYTES = reader.PAGES_PER_CHUNK * 8192
 RETAKE_FIRST_S = 0.1
 RETAKE_MAX_S = 2.0
 
@@ -142,7 +144,11 @@ async def run_backfill(
     conn = await connect_reader(dsn)
     readers: list[psycopg.AsyncConnection[tuple[object, ...]]] = []
     try:
-        readers = [await connect_reader(dsn) for _ in range(PARALLEL_READERS)]
+        # a table of one chunk or less is read on the snapshot's own connection: two
+        # reader connections fewer (most of an empty shape's start-up); one that grew
+        # meanwhile is still read whole, only not in parallel
+        if await reader.heap_bytes(conn, shape.relation.oid) > SMALL_TABLE_BYTES:
+            readers = [await connect_reader(dsn) for _ in range(PARALLEL_READERS)]
         progress.phase = "snapshot"
         snapshot, superseded = await _snapshot(
             conn,
@@ -170,7 +176,15 @@ async def run_backfill(
             replace_schema=replace_schema,
         )
         files = await _read_chunks(
-            readers, shape, writer, spark, scheduler, snapshot, chunks, progress, replace_schema
+            readers or [conn],
+            shape,
+            writer,
+            spark,
+            scheduler,
+            snapshot,
+            chunks,
+            progress,
+            replace_schema,
         )
         for c in (conn, *readers):  # releases the locks: the table may be rewritten now
             await c.execute("commit")

@@ -288,14 +288,30 @@ def write_round(
 
 
 def _write_partitioned(spark: Any, parts: list[pa.Table], schema: pa.Schema, staging: Path) -> Path:
+    members = len(parts)
     combined = pa.concat_tables(parts)
     del parts[:]
     folder = staging / str(uuid.uuid4())
     target = spark_schema(combined.schema)
+    # one task writes every member's file, one after the other; with hundreds of
+    # members, several tasks (each member's rows in one of them: one file a member)
+    # measured 4.5 s -> 3.3 s for 1000 members on 2 cores, and no gain for 100
+    tasks = min(default_parallelism(spark), members // MEMBERS_PER_TASK)
     for part in arrow_parts(spark, combined):
         frame = spark.createDataFrame(part, schema=target)
-        frame.coalesce(1).write.partitionBy(PART).mode("append").parquet(str(folder))
+        frame = frame.repartition(tasks, PART) if tasks > 1 else frame.coalesce(1)
+        frame.write.partitionBy(PART).mode("append").parquet(str(folder))
     return folder
+
+
+MEMBERS_PER_TASK = 250
+
+
+def default_parallelism(spark: Any) -> int:
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext
+        return 1
 
 
 def _adopt(table: ShapeTable, folder: Path) -> list[DataFile]:
