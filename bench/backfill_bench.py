@@ -3,7 +3,8 @@
 A table of N rows; ``psql`` copies the shape's query to /dev/null (the floor: what
 Postgres needs to produce the rows), then tidemark backfills a new shape on it
 (snapshot, parallel COPY chunks into Arrow, Spark writing Parquet, one Delta
-commit), timed from the shape's activation to its backfill commit.
+commit), timed from the shape's activation to its backfill commit; twice, since the
+first backfill in a fresh JVM also loads Spark's Parquet code.
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ def _copy_to_devnull(pg: EmbeddedPostgres, query: str) -> float:
     return time.perf_counter() - t0
 
 
-async def _backfill(pg: EmbeddedPostgres, spark: Any, root: Path) -> tuple[float, int]:
+async def _backfill(pg: EmbeddedPostgres, spark: Any, root: Path, run: int) -> tuple[float, int]:
     from tidemark.app import Service
     from tidemark.config import Settings
 
     settings = Settings.model_validate(
         {
-            "source": {"dsn": pg.dsn(), "slot": "bench_bf", "publication": "bench_bf"},
+            "source": {"dsn": pg.dsn(), "slot": f"bench_bf{run}", "publication": f"bench_bf{run}"},
             "sink": {"root": str(root)},
             "http": {"port": 0},
             "log_level": "warning",
@@ -92,16 +93,28 @@ def main(rows: int = 1_000_000) -> dict[str, float]:
             _prepare(pg, rows)
             query = 'select "id", "grp", "name", "amount", "created" from "public"."bench_items"'
             copy_s = min(_copy_to_devnull(pg, query) for _ in range(2))
-            backfill_s, done = asyncio.run(_backfill(pg, spark, root))
+            # the first backfill in a fresh JVM pays for loading Spark's Parquet reading
+            # and writing code; the second is what a running service sees
+            timings = []
+            for run in (1, 2):
+                seconds, done = asyncio.run(_backfill(pg, spark, root / str(run), run))
+                assert done == rows, f"backfilled {done} rows, expected {rows}"
+                timings.append(seconds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    assert done == rows, f"backfilled {done} rows, expected {rows}"
     print(f"COPY TO /dev/null   {copy_s:7.2f}s  {rows / copy_s:>12,.0f} rows/s")
-    print(
-        f"tidemark backfill   {backfill_s:7.2f}s  {rows / backfill_s:>12,.0f} rows/s"
-        f"  = {copy_s / backfill_s:.2f}x COPY"
-    )
-    return {"copy_s": copy_s, "backfill_s": backfill_s, "ratio": copy_s / backfill_s}
+    for label, seconds in zip(("first (cold JVM)", "second"), timings, strict=True):
+        print(
+            f"tidemark backfill, {label:<16} {seconds:7.2f}s  {rows / seconds:>12,.0f} rows/s"
+            f"  = {copy_s / seconds:.2f}x COPY"
+        )
+    backfill_s = timings[1]
+    return {
+        "copy_s": copy_s,
+        "backfill_s": backfill_s,
+        "first_backfill_s": timings[0],
+        "ratio": copy_s / backfill_s,
+    }
 
 
 if __name__ == "__main__":

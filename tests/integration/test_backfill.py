@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from tidemark.backfill import reader
+from tidemark.backfill import reader, runner
 from tidemark.errors import ShapeError
 from tidemark.shapes.model import ShapeDefinition
-from tidemark.sink.table import table_path
+from tidemark.sink.schema import ColumnSpec, table_schema
+from tidemark.sink.table import ShapeTable, table_path
 from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
@@ -79,6 +81,7 @@ def keys_unique(root: Path, shape: str) -> bool:
     return max(pairs.values(), default=1) == 1
 
 
+INT4, TEXT = 23, 25  # type oids
 HIGH = "select * from items where score >= 50"
 HIGH_SHAPE = {"name": "high", "table": "public.items", "where": "score >= 50"}
 
@@ -145,6 +148,73 @@ async def test_backfill_under_concurrent_writes_equals_postgres(
     # nothing doubled: no stream row belongs to a transaction the snapshot holds
     snapshot, stream = split_by_seam(tmp_path, "high")
     assert len(snapshot) > 25_000 and stream
+    # the chunks were spooled and rewritten by Spark: nothing left in the spool
+    spool = table_path(tmp_path, "high") / "_spool"
+    assert not spool.exists() or list(spool.iterdir()) == []
+
+
+async def test_a_table_bigger_than_one_chunk_is_read_by_two_connections_at_once(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    # given a plain table of several chunks
+    make_items(pg_db, 30_000)
+    monkeypatch.setattr(reader, "PAGES_PER_CHUNK", 20)
+    async with await psycopg.AsyncConnection.connect(pg_db.dsn) as conn:
+        oid = int((await (await conn.execute("select 'items'::regclass::oid")).fetchone())[0])  # type: ignore[index]
+        size = int((await (await conn.execute("select pg_relation_size('items')")).fetchone())[0])  # type: ignore[index]
+        # its heap size is what Postgres says (pg_partition_tree lists nothing for it)
+        assert size > 0 and await reader.heap_bytes(conn, oid) == size
+    monkeypatch.setattr(runner, "SMALL_TABLE_BYTES", size // 2)
+    at_once: list[int] = []
+    reading: set[int] = set()
+    original = reader.read_chunk
+
+    async def read_chunk(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        reading.add(id(conn))
+        at_once.append(len(reading))
+        try:
+            await asyncio.sleep(0.05)
+            return await original(conn, *args, **kwargs)
+        finally:
+            reading.discard(id(conn))
+
+    monkeypatch.setattr(reader, "read_chunk", read_chunk)
+    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
+    async with running_service(settings, spark) as service:
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    # then two connections read chunks at the same time, and the shape equals Postgres
+    assert max(at_once) == 2, at_once
+    result = compare_shape(spark, str(tmp_path), "high", HIGH, pg_db.dsn)
+    assert result.equal, result.describe()
+    assert keys_unique(tmp_path, "high")
+    # a new table numbers its rows with an int64 _op (a backfill may exceed 2^31 rows)
+    assert ShapeTable(tmp_path, "high").op_type() == pa.int64()
+
+
+async def test_a_table_made_when_op_was_int32_keeps_it_and_stays_exact(
+    pg_db: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    # given a shape table an earlier tidemark made, with an int32 _op
+    make_items(pg_db, 5_000)
+    specs = [ColumnSpec("id", INT4), ColumnSpec("score", INT4), ColumnSpec("note", TEXT)]
+    definition = ShapeDefinition.model_validate(HIGH_SHAPE).model_dump(mode="json")
+    ShapeTable(tmp_path, "high").create(table_schema(specs, pa.int32()), ["id"], definition)
+    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
+    # when tidemark backfills it and streams changes into it
+    async with running_service(settings, spark) as service:
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        pg_db.execute("update items set score = 99 where id % 7 = 0")
+        pg_db.execute("insert into items select g, 75, 'late' from generate_series(5001, 5100) g")
+        pg_db.execute("delete from items where id % 11 = 0")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    # then the table keeps its int32 _op and equals Postgres
+    assert ShapeTable(tmp_path, "high").op_type() == pa.int32()
+    result = compare_shape(spark, str(tmp_path), "high", HIGH, pg_db.dsn)
+    assert result.equal, result.describe()
+    assert keys_unique(tmp_path, "high")
 
 
 async def test_resync_while_writing_replaces_the_table_and_equals_postgres(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from tidemark.errors import SinkError
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput.messages import UNCHANGED_TOAST
 from tidemark.sink.schema import ColumnSpec, table_schema
@@ -288,3 +289,25 @@ def test_rows_split_at_the_front_keep_their_metadata_runs() -> None:
     lsns = build_table(schema, SPECS, front).column("_lsn").to_pylist()
     lsns += build_table(schema, SPECS, rows).column("_lsn").to_pylist()
     assert lsns == [100, 100, 200, 200, 200]
+
+
+def test_a_new_table_numbers_snapshot_rows_past_two_to_the_31() -> None:
+    from tidemark.writers.arrow_batch import snapshot_table
+
+    text = pa.table({s.name: pa.array(["1", "2"]) for s in SPECS})
+    first = 2**31 + 5
+    table = snapshot_table(table_schema(SPECS), SPECS, text, 100, first, "s")
+    assert table.schema.field("_op").type == pa.int64()
+    assert table.column("_op").to_pylist() == [first, first + 1]
+
+
+def test_an_int32_op_table_refuses_a_snapshot_past_two_to_the_31_with_what_to_do() -> None:
+    from tidemark.writers.arrow_batch import snapshot_table
+
+    schema = table_schema(SPECS, pa.int32())
+    assert schema.field("_op").type == pa.int32()
+    text = pa.table({s.name: pa.array(["1", "2"]) for s in SPECS})
+    ok = snapshot_table(schema, SPECS, text, 100, 2**31 - 2, "s")
+    assert ok.column("_op").to_pylist() == [2**31 - 2, 2**31 - 1]
+    with pytest.raises(SinkError, match="add the shape again under a new name"):
+        snapshot_table(schema, SPECS, text, 100, 2**31 - 1, "s")

@@ -35,6 +35,7 @@ Session settings match the replication connection's, so values have the same tex
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,10 +101,11 @@ async def begin_snapshot(
 
 async def heap_bytes(conn: psycopg.AsyncConnection[tuple[object, ...]], oid: int) -> int:
     """The table's heap size now (a partitioned table: all its partitions')."""
+    # pg_partition_tree lists nothing for a table that is not partitioned
     cur = await conn.execute(
-        "select coalesce(sum(pg_relation_size(relid)), 0)::bigint"
-        " from pg_partition_tree(%s::oid::regclass)",
-        (oid,),
+        "select greatest(pg_relation_size(%s::oid::regclass), coalesce((select"
+        " sum(pg_relation_size(relid)) from pg_partition_tree(%s::oid::regclass)), 0))::bigint",
+        (oid, oid),
     )
     row = await cur.fetchone()
     return int(row[0]) if row else 0  # type: ignore[call-overload]
@@ -223,7 +225,10 @@ async def read_chunk(
     async with conn.cursor() as cur, cur.copy(query) as copy:
         async for data in copy:
             buffer.write(data)
-    return parse_csv(buffer.getvalue(), [c.name for c in shape.output_columns])
+    # parsed in a thread (Arrow releases the GIL): the other readers' COPY goes on
+    return await asyncio.to_thread(
+        parse_csv, buffer.getvalue(), [c.name for c in shape.output_columns]
+    )
 
 
 def parse_csv(data: bytes, names: Sequence[str]) -> pa.Table:

@@ -25,9 +25,11 @@ and invalidated its claim. Then:
    e.g. waiting for a synchronous standby). Neither side would have it, so the
    snapshot is dropped and taken again, until no such commit exists.
 3. The snapshot is read in ctid chunks by the readers (two connections; a table of
-   at most one chunk, 16 MiB, is read on the snapshot's own connection); Spark
-   writes each chunk as staged Parquet (``_kind = snapshot``), with lower priority
-   than stream flushes, so acknowledgements are not delayed.
+   at most one chunk, 16 MiB, is read on the snapshot's own connection); each chunk
+   is converted (``_kind = snapshot``) and written by pyarrow as a spool file of the
+   table, and Spark rewrites the spool files as the table's Parquet files in rounds
+   of up to ``ROUND_ROWS`` rows while the reading goes on, with lower priority than
+   stream flushes, so acknowledgements are not delayed.
 4. The snapshot transaction ends (the lock is released), and one Delta commit adds
    the snapshot files and removes the files noted in step 2 (older data the
    snapshot supersedes); stream files committed meanwhile stay. When the shape's
@@ -44,6 +46,7 @@ was superseded (another resync, a removal) is cancelled or stops at ``register``
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -51,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import structlog
 
 from tidemark.backfill import reader
@@ -69,7 +73,8 @@ from tidemark.shapes.model import BoundShape
 from tidemark.shapes.partitions import fingerprint
 from tidemark.sink.table import DataFile
 from tidemark.writers.arrow_batch import snapshot_table
-from tidemark.writers.job import write_arrow
+from tidemark.writers.buffer import SpooledTxn
+from tidemark.writers.job import rewrite_spooled, spool_arrow
 from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter
 
@@ -77,6 +82,7 @@ log = structlog.get_logger("tidemark.backfill")
 
 PARALLEL_READERS = 2
 SMALL_TABLE_BYTES = reader.PAGES_PER_CHUNK * 8192
+ROUND_ROWS = 2_000_000  # snapshot rows Spark rewrites from spool files in one job
 RETAKE_FIRST_S = 0.1
 RETAKE_MAX_S = 2.0
 
@@ -296,43 +302,65 @@ async def _read_chunks(
     progress: BackfillProgress,
     replace_schema: bool,
 ) -> list[DataFile]:
-    files: list[DataFile] = []
-    next_op = 0
+    """Read the chunks (one reader connection each at a time), convert each and write
+    it with pyarrow as a spool file of the table; Spark rewrites the spool files
+    into table files in rounds of ``ROUND_ROWS`` while reading goes on (one job
+    per round, not per chunk: a Spark job's fixed cost and the local relation of
+    ``createDataFrame`` were most of a backfill's time). Returns the table files,
+    not committed; the spool folder is removed whatever happens."""
+    table = writer.table
     schema, columns = writer.schema, list(writer.columns)
+    spool, _ = table.new_spool_dir()
+    files: list[DataFile] = []
+    pending: list[DataFile] = []  # spool files no round has taken yet
+    pending_rows = 0
+    rounds: list[asyncio.Future[None]] = []
+    next_op = 0
     todo = list(reversed(chunks))
 
+    async def rewrite(spooled: list[DataFile], rows: int) -> None:
+        txn = SpooledTxn(spooled, [], None, 0, 0, rows)
+        async with scheduler.backfill_slot():
+            written = await asyncio.to_thread(
+                rewrite_spooled, spark, table, schema, txn, replacing=replace_schema, spread=True
+            )
+        files.extend(written)
+        await asyncio.to_thread(table.delete_files, spooled)
+
+    def start_round() -> None:
+        nonlocal pending, pending_rows
+        if pending:
+            rounds.append(asyncio.ensure_future(rewrite(pending, pending_rows)))
+        pending, pending_rows = [], 0
+
+    def convert_and_spool(text: pa.Table, first_op: int) -> DataFile:
+        arrow = snapshot_table(schema, columns, text, snapshot.fence.lsn - 1, first_op, shape.name)
+        return spool_arrow(table, spool, f"chunk-{first_op:012d}.parquet", arrow)
+
     async def read_with(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
-        nonlocal next_op
+        nonlocal next_op, pending_rows
         while todo:
             chunk = todo.pop()
             text = await reader.read_chunk(conn, shape, chunk)
             # op ranges are handed out as chunks finish (no await in between)
             first_op, next_op = next_op, next_op + text.num_rows
             if text.num_rows:
-                arrow = await asyncio.to_thread(
-                    snapshot_table,
-                    schema,
-                    columns,
-                    text,
-                    snapshot.fence.lsn - 1,
-                    first_op,
-                    shape.name,
-                )
-                async with scheduler.backfill_slot():
-                    files.extend(
-                        await asyncio.to_thread(
-                            write_arrow,
-                            spark,
-                            writer.table,
-                            schema,
-                            arrow,
-                            replacing=replace_schema,
-                        )
-                    )
+                pending.append(await asyncio.to_thread(convert_and_spool, text, first_op))
+                pending_rows += text.num_rows
+                if pending_rows >= ROUND_ROWS:
+                    start_round()
             progress.rows_done += text.num_rows
             progress.chunks_done += 1
 
-    async with asyncio.TaskGroup() as group:
-        for conn in readers:
-            group.create_task(read_with(conn))
-    return files
+    try:
+        async with asyncio.TaskGroup() as group:
+            for conn in readers:
+                group.create_task(read_with(conn))
+        start_round()
+        await asyncio.gather(*rounds)
+        return files
+    finally:
+        for job in rounds:
+            job.cancel()
+        await asyncio.gather(*rounds, return_exceptions=True)
+        await asyncio.to_thread(shutil.rmtree, table.path / spool, ignore_errors=True)

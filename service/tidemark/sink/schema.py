@@ -5,7 +5,9 @@ it (``tidemark.pgoutput.values``: ``describe`` and ``lake_column``), or the lake
 the shape declares (``amount::numeric(18,4)``). Every row also carries:
 
 * ``_lsn`` (int64): commit LSN of its transaction (snapshot rows: the snapshot's LSN);
-* ``_op`` (int32): its index inside the transaction; ``(_lsn, _op)`` is unique;
+* ``_op`` (int64): its index inside the transaction (snapshot rows: inside the
+  snapshot); ``(_lsn, _op)`` is unique. A table created when ``_op`` was int32 keeps
+  int32 (``table_schema(..., op_type)``): its backfills hold at most 2^31 rows;
 * ``_kind`` (string): ``insert | update | delete | truncate | snapshot``;
 * ``_xid`` (int64): the source transaction id;
 * ``_commit_ts`` (timestamp, UTC): the source commit time;
@@ -35,7 +37,7 @@ UNCHANGED = "_unchanged"
 
 METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(LSN, pa.int64(), nullable=False),
-    pa.field(OP, pa.int32(), nullable=False),
+    pa.field(OP, pa.int64(), nullable=False),
     pa.field(KIND, pa.string(), nullable=False),
     pa.field(XID, pa.int64()),
     pa.field(COMMIT_TS, pa.timestamp("us", tz="UTC")),
@@ -79,8 +81,9 @@ def column_specs(shape: BoundShape) -> list[ColumnSpec]:
     return specs
 
 
-def table_schema(columns: Sequence[ColumnSpec]) -> pa.Schema:
-    """The Arrow schema of a shape table with these output columns."""
+def table_schema(columns: Sequence[ColumnSpec], op_type: pa.DataType | None = None) -> pa.Schema:
+    """The Arrow schema of a shape table with these output columns; ``op_type``: the
+    type of an existing table's ``_op`` (int32 in tables made before it was int64)."""
     clash = [c.name for c in columns if c.name in METADATA_NAMES]
     if clash:
         from tidemark.errors import ShapeError
@@ -89,7 +92,10 @@ def table_schema(columns: Sequence[ColumnSpec]) -> pa.Schema:
             f"column(s) {clash} collide with tidemark's metadata columns; "
             "leave them out of the shape's columns"
         )
-    return pa.schema([pa.field(c.name, c.arrow_type) for c in columns] + list(METADATA_FIELDS))
+    metadata = [
+        f.with_type(op_type) if f.name == OP and op_type is not None else f for f in METADATA_FIELDS
+    ]
+    return pa.schema([pa.field(c.name, c.arrow_type) for c in columns] + metadata)
 
 
 PRIMARY_KEY_META = b"tidemark.primary_key"

@@ -193,6 +193,13 @@ class ShapeTable:
             dt.update_incremental()
             return dt.transaction_version(self.app_id)
 
+    def op_type(self) -> pa.DataType | None:
+        """The type of the table's ``_op`` column (None: no table yet)."""
+        if not self.exists():
+            return None
+        schema = self.arrow_schema()
+        return schema.field(OP).type if OP in schema.names else None
+
     def described(self) -> dict[str, Any]:
         """What tidemark recorded about the shape when it created the table."""
         text = self.table().metadata().description or "{}"

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from tidemark.errors import UnfitValue
+from tidemark.errors import SinkError, UnfitValue
 from tidemark.pgoutput.messages import UNCHANGED_TOAST
-from tidemark.sink.schema import ColumnSpec
+from tidemark.sink.schema import OP, ColumnSpec
 from tidemark.writers.buffer import Rows
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
@@ -55,7 +55,7 @@ def build_table(
     if len(lsns) != n:
         raise ValueError(f"metadata runs cover {len(lsns)} rows, the batch has {n}")
     arrays.append(pa.array(lsns, pa.int64()))
-    arrays.append(pa.array(rows.ops, pa.int32()))
+    arrays.append(pa.array(rows.ops, schema.field(OP).type))
     arrays.append(pa.array(rows.kinds, pa.string()))
     arrays.append(pa.array(xids, pa.int64()))
     arrays.append(pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")))
@@ -90,7 +90,14 @@ def snapshot_table(
         for spec in specs
     ]
     arrays.append(pa.array([lsn] * n, pa.int64()))
-    arrays.append(pa.array(range(first_op, first_op + n), pa.int32()))
+    op_type = schema.field(OP).type
+    if op_type == pa.int32() and first_op + n > 2**31:
+        raise SinkError(
+            f"shape '{shape}': its table was made by an earlier tidemark, whose _op column "
+            "(int32) holds at most 2^31 snapshot rows, and this snapshot has more: add the "
+            "shape again under a new name (its table gets an int64 _op) and remove this one"
+        )
+    arrays.append(pa.array(range(first_op, first_op + n), op_type))
     arrays.append(pa.array(["snapshot"] * n, pa.string()))
     arrays.append(pa.nulls(n, pa.int64()))
     arrays.append(pa.nulls(n, pa.timestamp("us", tz="UTC")))

@@ -125,17 +125,37 @@ def spool_batch_rows(
     txn.rows += sum(f.num_rows for f in txn.files[before:])
 
 
+def spool_arrow(table: ShapeTable, folder: str, name: str, arrow: pa.Table) -> DataFile:
+    """Write ``arrow`` with pyarrow as the spool file ``folder/name`` (a backfill's
+    chunk: Spark rewrites the chunks into the table in large jobs)."""
+    import pyarrow.parquet as pq
+
+    (table.path / folder).mkdir(parents=True, exist_ok=True)
+    rel = f"{folder}/{name}"
+    pq.write_table(arrow, table.path / rel)
+    return table.file_at(rel)
+
+
 def rewrite_spooled(
-    spark: Any, table: ShapeTable, schema: pa.Schema, txn: SpooledTxn
+    spark: Any,
+    table: ShapeTable,
+    schema: pa.Schema,
+    txn: SpooledTxn,
+    *,
+    replacing: bool = False,
+    spread: bool = False,
 ) -> list[DataFile]:
-    """Spark reads a committed streamed transaction's spool files and writes them as
-    table files: the dropped op ranges filtered out, its commit LSN and time set,
-    columns in the table's order (a column added since is NULL)."""
+    """Spark reads spool files and writes them as table files: a committed streamed
+    transaction's (the dropped op ranges filtered out, its commit LSN and time set)
+    or a backfill's chunks, columns in the table's order (a column added since is
+    NULL). ``replacing`` as for ``write_arrow``; ``spread``: written by as many tasks
+    as Spark runs at once (up to one per spool file), not as few as the rows need."""
     if not txn.files:
         return []
     from pyspark.sql import functions as F
 
-    check_column_types(table, schema)
+    if not replacing:
+        check_column_types(table, schema)
     target = spark_schema(schema)
     frame = spark.read.schema(target).parquet(*[str(table.path / f.path) for f in txn.files])
     for lo, hi in txn.dropped:
@@ -146,6 +166,8 @@ def rewrite_spooled(
         )
     rel, folder = table.new_batch_dir()
     files = max(1, -(-txn.rows // ROWS_PER_FILE))
+    if spread:
+        files = max(files, min(len(txn.files), default_parallelism(spark)))
     frame.select(*target.fieldNames()).coalesce(files).write.mode("append").parquet(str(folder))
     return table.files_in(rel)
 

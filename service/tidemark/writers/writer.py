@@ -60,7 +60,8 @@ class ShapeWriter:
         self.shape = table.shape
         self.table = table
         self.columns = columns
-        self.schema: pa.Schema = table_schema(columns)
+        self.op_type = table.op_type()  # an older table's _op may be int32
+        self.schema: pa.Schema = table_schema(columns, self.op_type)
         self.buffer = ShapeBuffer(self.shape)
         self.alignment = TxnAlignment()
         self.committed_lsn: int | None = table.committed_lsn()
@@ -91,7 +92,7 @@ class ShapeWriter:
             old = {c.name: i for i, c in enumerate(self.columns)}
             self.buffer.remap([old.get(c.name) for c in columns])
         self.columns = columns
-        self.schema = table_schema(columns)
+        self.schema = table_schema(columns, self.op_type)
 
     # -- stream side ------------------------------------------------------------
 
