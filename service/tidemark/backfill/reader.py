@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -78,9 +78,7 @@ class Chunk:
 LOCK_TIMEOUT_S = 5.0
 
 
-async def begin_snapshot(
-    conn: psycopg.AsyncConnection[tuple[object, ...]], shape: BoundShape
-) -> None:
+async def begin_snapshot(conn: Reader, shape: BoundShape) -> None:
     """Begin a snapshot transaction on ``conn`` and lock the table against rewrites;
     no snapshot is taken yet. Raises ``psycopg.errors.LockNotAvailable`` when the lock
     is not granted within ``LOCK_TIMEOUT_S`` (the transaction is rolled back)."""
@@ -115,9 +113,62 @@ async def connect_reader(dsn: str) -> psycopg.AsyncConnection[tuple[object, ...]
     return await psycopg.AsyncConnection.connect(dsn, autocommit=True, options=session_options(dsn))
 
 
-async def import_snapshot(
-    conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot_id: str
-) -> None:
+class ThreadedReader:
+    """A reader connection whose work runs in a worker thread, for the chunks of a
+    table bigger than one: Postgres sends a ``COPY``'s rows one message each, and
+    psycopg's blocking copy takes about half the time per message of the async one
+    (200k rows: 0.12 s against 0.26 s), which was most of a chunk's reading.
+
+    One statement at a time; ``close`` first cancels and waits for a statement still
+    running (a connection must not be closed under the thread using it)."""
+
+    def __init__(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        self.conn = conn
+        self._running: asyncio.Future[object] | None = None
+
+    @classmethod
+    async def connect(cls, dsn: str) -> ThreadedReader:
+        def connect() -> psycopg.Connection[tuple[object, ...]]:
+            return psycopg.Connection.connect(dsn, autocommit=True, options=session_options(dsn))
+
+        return cls(await asyncio.to_thread(connect))
+
+    async def _run(self, call: Callable[[], object]) -> object:
+        assert self._running is None or self._running.done(), "one statement at a time"
+        self._running = asyncio.ensure_future(asyncio.to_thread(call))
+        # shielded: a cancelled caller leaves the thread to finish (close waits for it)
+        return await asyncio.shield(self._running)
+
+    async def execute(self, query: str | sql.Composed) -> None:
+        await self._run(lambda: self.conn.execute(query))
+
+    async def read_chunk(self, shape: BoundShape, chunk: Chunk) -> pa.Table:
+        query = copy_query(shape, chunk)
+        names = [c.name for c in shape.output_columns]
+
+        def read() -> pa.Table:
+            buffer = io.BytesIO()
+            with self.conn.cursor() as cur, cur.copy(query) as copy:
+                for data in copy:
+                    buffer.write(data)
+            return parse_csv(buffer.getvalue(), names)
+
+        table = await self._run(read)
+        assert isinstance(table, pa.Table)
+        return table
+
+    async def close(self) -> None:
+        running = self._running
+        if running is not None and not running.done():
+            await asyncio.to_thread(self.conn.cancel_safe)
+            await asyncio.wait({running})
+        await asyncio.to_thread(self.conn.close)
+
+
+Reader = psycopg.AsyncConnection[tuple[object, ...]] | ThreadedReader
+
+
+async def import_snapshot(conn: Reader, snapshot_id: str) -> None:
     """Make the transaction ``begin_snapshot`` opened on ``conn`` see ``snapshot_id``."""
     await conn.execute(sql.SQL("set transaction snapshot {}").format(sql.Literal(snapshot_id)))
 
@@ -215,13 +266,17 @@ def _present(shape: BoundShape) -> set[str]:
     return {c.name for c in shape.relation.columns}
 
 
-async def read_chunk(
-    conn: psycopg.AsyncConnection[tuple[object, ...]], shape: BoundShape, chunk: Chunk
-) -> pa.Table:
+def copy_query(shape: BoundShape, chunk: Chunk) -> sql.Composed:
+    return sql.SQL("copy ({}) to stdout (format csv)").format(snapshot_query(shape, chunk))
+
+
+async def read_chunk(conn: Reader, shape: BoundShape, chunk: Chunk) -> pa.Table:
     """The chunk's rows, read on a reader connection inside its snapshot transaction,
     as a table of text columns (output column names)."""
+    if isinstance(conn, ThreadedReader):
+        return await conn.read_chunk(shape, chunk)
     buffer = io.BytesIO()
-    query = sql.SQL("copy ({}) to stdout (format csv)").format(snapshot_query(shape, chunk))
+    query = copy_query(shape, chunk)
     async with conn.cursor() as cur, cur.copy(query) as copy:
         async for data in copy:
             buffer.write(data)

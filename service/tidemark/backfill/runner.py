@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +61,9 @@ from tidemark.backfill import reader
 from tidemark.backfill.fence import SnapshotFence
 from tidemark.backfill.reader import (
     Chunk,
+    Reader,
     Snapshot,
+    ThreadedReader,
     begin_snapshot,
     connect_reader,
     import_snapshot,
@@ -148,13 +150,13 @@ async def run_backfill(
     async with scheduler.exclusive(writer):
         writer.discard_buffered()
     conn = await connect_reader(dsn)
-    readers: list[psycopg.AsyncConnection[tuple[object, ...]]] = []
+    readers: list[ThreadedReader] = []
     try:
         # a table of one chunk or less is read on the snapshot's own connection: two
         # reader connections fewer (most of an empty shape's start-up); one that grew
         # meanwhile is still read whole, only not in parallel
         if await reader.heap_bytes(conn, shape.relation.oid) > SMALL_TABLE_BYTES:
-            readers = [await connect_reader(dsn) for _ in range(PARALLEL_READERS)]
+            readers = [await ThreadedReader.connect(dsn) for _ in range(PARALLEL_READERS)]
         progress.phase = "snapshot"
         snapshot, superseded = await _snapshot(
             conn,
@@ -192,7 +194,7 @@ async def run_backfill(
             progress,
             replace_schema,
         )
-        for c in (conn, *readers):  # releases the locks: the table may be rewritten now
+        for c in _every(conn, readers):  # releases the locks: the table may be rewritten now
             await c.execute("commit")
         progress.phase = "committing"
         async with scheduler.exclusive(writer):
@@ -230,13 +232,17 @@ async def run_backfill(
     finally:
         # (a backfill that did not commit leaves hold_commits set: its shape is no longer
         # routed, and the next backfill discards what it buffered)
-        for c in (conn, *readers):
+        for c in _every(conn, readers):
             await c.close()
+
+
+def _every(conn: Reader, readers: Sequence[Reader]) -> list[Reader]:
+    return [conn, *readers]
 
 
 async def _snapshot(
     conn: psycopg.AsyncConnection[tuple[object, ...]],
-    readers: list[psycopg.AsyncConnection[tuple[object, ...]]],
+    readers: list[ThreadedReader],
     shape: BoundShape,
     writer: ShapeWriter,
     paused: Callable[[], AbstractAsyncContextManager[None]],
@@ -249,9 +255,9 @@ async def _snapshot(
     lock, and route the shape behind it."""
     delay = RETAKE_FIRST_S
     while True:
-        begun: list[psycopg.AsyncConnection[tuple[object, ...]]] = []
+        begun: list[Reader] = []
         try:
-            for c in (conn, *readers):  # not paused: a lock may wait for a rewrite
+            for c in _every(conn, readers):  # not paused: a lock may wait for a rewrite
                 await begin_snapshot(c, shape)
                 begun.append(c)
         except psycopg.errors.LockNotAvailable:
@@ -265,7 +271,7 @@ async def _snapshot(
             snapshot = await take_snapshot(conn, shape)
             columns = await table_columns(conn, shape.relation.oid)
             if columns != [c.name for c in shape.relation.columns]:
-                for c in (conn, *readers):
+                for c in _every(conn, readers):
                     await c.execute("rollback")
                 raise CatalogMoved(shape.name)
             missed = passed_invisible(snapshot.fence.visible, shape.relation.oid)
@@ -277,7 +283,7 @@ async def _snapshot(
                 if not register(snapshot.fence):
                     raise BackfillSuperseded(shape.name)
                 return snapshot, superseded
-        for c in (conn, *readers):
+        for c in _every(conn, readers):
             await c.execute("rollback")
         progress.retakes += 1
         log.warning(
@@ -292,7 +298,7 @@ async def _snapshot(
 
 
 async def _read_chunks(
-    readers: list[psycopg.AsyncConnection[tuple[object, ...]]],
+    readers: Sequence[Reader],
     shape: BoundShape,
     writer: ShapeWriter,
     spark: Any,
@@ -337,7 +343,7 @@ async def _read_chunks(
         arrow = snapshot_table(schema, columns, text, snapshot.fence.lsn - 1, first_op, shape.name)
         return spool_arrow(table, spool, f"chunk-{first_op:012d}.parquet", arrow)
 
-    async def read_with(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+    async def read_with(conn: Reader) -> None:
         nonlocal next_op, pending_rows
         while todo:
             chunk = todo.pop()
