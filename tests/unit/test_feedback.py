@@ -99,3 +99,32 @@ def test_sent_positions_are_monotonic_and_never_beyond_received(evs: list[tuple[
             assert all(a >= b for a, b in zip(now, last, strict=True))
             fb.sent(update, float(i))
             last = now
+
+
+def test_a_stop_whose_connection_the_receive_loop_closed_meanwhile_ends_cleanly() -> None:
+    # the final status update awaits the guard; meanwhile the receive loop, which ends
+    # on stopping too, closes the connection: stopping must still end without an error
+    import asyncio
+    from types import SimpleNamespace
+
+    from tidemark.replication.client import ReplicationClient, SourceConfig
+
+    conn = SimpleNamespace(closed=False, pgconn=object())
+
+    class Guard:
+        async def before_send(self, flush_lsn: int) -> None:
+            await asyncio.sleep(0)
+            conn.closed = True
+
+        def check(self, observed: object) -> None: ...
+
+        def slot_created(self, observed: object, consistent_lsn: int) -> None: ...
+
+    async def run() -> None:
+        client = ReplicationClient(SourceConfig(dsn="host=nowhere"), guard=Guard())  # type: ignore[arg-type]
+        client.feedback = Feedback(100)
+        client._conn = conn  # type: ignore[assignment]
+        await client.stop()
+        assert client._conn is None
+
+    asyncio.run(run())

@@ -272,6 +272,11 @@ class ReplicationClient:
                 "replication.stopped",
                 flush_lsn=format_lsn(self.feedback.flush_lsn) if self.feedback else None,
             )
+        except _ConnectionLost:
+            # the receive loop closed the connection while the final update waited (it
+            # ends on stopping too): nothing to say to Postgres, which keeps the last
+            # position it was told, as after any disconnect
+            log.info("replication.stopped", closed_meanwhile=True)
         except (psycopg.Error, OSError) as exc:
             log.warning("replication.stop_unclean", error=redact_text(str(exc), self.config.dsn))
         finally:
