@@ -94,18 +94,14 @@ def write_spool(
     goes on from where it stopped when retried. Slices of all writers are converted
     one at a time (the work is the driver's CPU anyway), so the memory they need on
     top of the buffered rows is one slice, not one per writer."""
-    import pyarrow.parquet as pq
-
-    (table.path / folder).mkdir(parents=True, exist_ok=True)
     while len(rows):
         per_row = max(1, rows.nbytes // len(rows))
         n = max(1, SLICE_BYTES // per_row)
-        rel = f"{folder}/part-{len(files):05d}.parquet"
         with _ONE_SLICE_AT_A_TIME:
             arrow = build_table(schema, specs, rows.peek_front(n), table.shape)
-            pq.write_table(arrow, table.path / rel)
+            spooled = spool_arrow(table, folder, f"part-{len(files):05d}.parquet", arrow)
             del arrow
-        files.append(table.file_at(rel))
+        files.append(spooled)
         rows.take_front(n)
 
 
@@ -126,8 +122,9 @@ def spool_batch_rows(
 
 
 def spool_arrow(table: ShapeTable, folder: str, name: str, arrow: pa.Table) -> DataFile:
-    """Write ``arrow`` with pyarrow as the spool file ``folder/name`` (a backfill's
-    chunk: Spark rewrites the chunks into the table in large jobs)."""
+    """Write ``arrow`` with pyarrow as the spool file ``folder/name`` (a slice of a
+    streamed transaction or a large batch, a backfill's chunk); Spark rewrites spool
+    files into the table (``rewrite_spooled``)."""
     import pyarrow.parquet as pq
 
     (table.path / folder).mkdir(parents=True, exist_ok=True)
