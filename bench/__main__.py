@@ -22,6 +22,7 @@ SECTIONS = (
     "shapes",
     "streamed",
     "backfill",
+    "read",
     "cluster",
     "takeover",
 )
@@ -78,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import backfill_bench
 
             backfill_bench.main(args.rows)
+        elif section == "read":
+            from bench import read_bench
+
+            read_bench.main()
         elif section == "cluster":
             from bench import cluster_bench
 

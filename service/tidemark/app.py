@@ -75,6 +75,7 @@ from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapeset import ShapeSet, ShapeStatus
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
 from tidemark.stalls import Stall, StallWatch
+from tidemark.upkeep import CurrentKeeper
 from tidemark.writers.job import CommitResult
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
@@ -146,6 +147,7 @@ class Service:
         )
         self.role = "standby" if self.lease is not None else "leader"
         self.scheduler: FlushScheduler | None = None
+        self.keeper: CurrentKeeper | None = None
         self.client: ReplicationClient | None = None
         self.monitor: ReplicationMonitor | None = None
         self._stop = asyncio.Event()
@@ -190,6 +192,8 @@ class Service:
             with contextlib.suppress(KeyError):
                 metric.remove(name)
         self.last_commit_at.pop(name, None)
+        if self.keeper is not None:
+            self.keeper.forget(name)
         self._frontiers_dirty = True
 
     @contextlib.asynccontextmanager
@@ -328,6 +332,14 @@ class Service:
                 staging=Path(settings.sink.root) / "_rounds" / src.slot,
             )
             self.scheduler.clear_staging()  # a killed run's round files, never committed
+            self.keeper = CurrentKeeper(
+                settings,
+                self.spark,
+                self.scheduler,
+                self.metrics,
+                frontier=self.frontier,
+                ready=lambda name: self.frontier(name) is not None,
+            )
             self.shapeset.scheduler, self.shapeset.spark = self.scheduler, self.spark
             tables = await self.shapeset.start()
             self.client = ReplicationClient(
@@ -368,6 +380,7 @@ class Service:
                     group.create_task(self.monitor.run(), name="monitor"),
                     group.create_task(self.shapeset.watch_partitions(), name="partitions"),
                     group.create_task(self._housekeeping(), name="housekeeping"),
+                    group.create_task(self.keeper.run(), name="current"),
                     group.create_task(serve(self), name="http"),
                 ]
                 if self.lease is not None:
@@ -441,7 +454,7 @@ class Service:
         systemd.notify("STOPPING=1")
         log.info("service.stopping", grace_s=self.settings.shutdown_grace_s)
         for task in tasks:
-            if task.get_name() in ("consumer", "backfill"):
+            if task.get_name() in ("consumer", "backfill", "current"):
                 task.cancel()
         await self.shapeset.stop()
         try:
@@ -683,6 +696,8 @@ class Service:
 
     def _on_commit(self, result: CommitResult) -> None:
         self.last_commit_at[result.shape] = time.time()
+        if self.keeper is not None and result.version is not None:
+            self.keeper.on_commit(result.shape, result.rows)
         self.metrics.commits.labels(result.shape).inc()
         self.metrics.commit_duration.observe(result.write_seconds + result.commit_seconds)
         for kind, count in result.kinds.items():
@@ -747,6 +762,8 @@ class Service:
                     await asyncio.to_thread(
                         writer.table.vacuum, self.settings.sink.vacuum_retention_hours
                     )
+                    if self.keeper is not None:
+                        await self.keeper.maintain(name)
                 except Exception as exc:  # upkeep must never stop the stream
                     self.metrics.maintenance_failures.labels(name).inc()
                     log.warning(

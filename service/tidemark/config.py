@@ -130,6 +130,27 @@ class SinkSettings(_Section):
         default=3600.0, gt=0, description="compaction and vacuum of each table, this often"
     )
     vacuum_retention_hours: int = Field(default=24, ge=1)
+    changelog_retention_hours: float | None = Field(
+        default=None,
+        ge=0,
+        description="drop changelog rows older than this once the current-state table "
+        "holds them folded (default: keep everything)",
+    )
+
+
+class CurrentSettings(_Section):
+    """The current-state table of each shape (``<root>/current/<shape>``)."""
+
+    enabled: bool = True
+    refresh_s: float = Field(
+        default=30.0, gt=0, description="fold new changelog rows into it at least this often"
+    )
+    refresh_rows: int = Field(
+        default=200_000, gt=0, description="or as soon as this many rows wait to be folded"
+    )
+    buckets: int = Field(
+        default=16, ge=1, le=4096, description="files per table (by a hash of the key)"
+    )
 
 
 class SparkSettings(_Section):
@@ -304,6 +325,7 @@ class Settings(BaseSettings):
     sink: SinkSettings = Field(default_factory=SinkSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     flush: FlushSettings = Field(default_factory=FlushSettings)
+    current: CurrentSettings = Field(default_factory=CurrentSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)

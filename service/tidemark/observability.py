@@ -198,6 +198,55 @@ class Metrics:
             ["shape"],
             registry=r,
         )
+        # current-state tables and table upkeep
+        self.current_refreshes = Counter(
+            "tidemark_current_refreshes_total",
+            "Refreshes of a shape's current-state table (changelog rows folded into it)",
+            ["shape"],
+            registry=r,
+        )
+        self.current_refresh_failures = Counter(
+            "tidemark_current_refresh_failures_total",
+            "Refreshes of a current-state table that failed (tried again later)",
+            ["shape"],
+            registry=r,
+        )
+        self.current_refresh_seconds = Counter(
+            "tidemark_current_refresh_seconds_total",
+            "Time spent refreshing a shape's current-state table",
+            ["shape"],
+            registry=r,
+        )
+        self.current_lag_bytes = Gauge(
+            "tidemark_current_lag_bytes",
+            "WAL between a shape's frontier and the LSN its current-state table is folded through",
+            ["shape"],
+            registry=r,
+        )
+        self.current_lag_seconds = Gauge(
+            "tidemark_current_lag_seconds",
+            "Age of the oldest committed change not yet folded into the current-state table",
+            ["shape"],
+            registry=r,
+        )
+        self.table_files = Gauge(
+            "tidemark_table_files",
+            "Active data files of a shape's table (table: changelog or current)",
+            ["shape", "table"],
+            registry=r,
+        )
+        self.table_log_entries = Gauge(
+            "tidemark_table_log_entries_since_checkpoint",
+            "Delta log entries a reader replays after the newest checkpoint",
+            ["shape", "table"],
+            registry=r,
+        )
+        self.changelog_retained_lsn = Gauge(
+            "tidemark_changelog_retained_lsn",
+            "Changelog rows at or below this LSN were dropped by retention (0: none)",
+            ["shape"],
+            registry=r,
+        )
         self.flush_failures = Counter(
             "tidemark_flush_failures_total",
             "Flush or staging jobs that failed (retried with backoff)",

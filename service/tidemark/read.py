@@ -20,6 +20,15 @@ multi-shape read is consistent.
 A table rebuilt from a snapshot (a backfill, a resync) no longer holds its history
 before that snapshot: reading it as of an earlier LSN is refused (``current`` and
 ``snapshot``), rather than answered with part of the rows.
+
+``current`` reads mostly pre-folded rows: the shape's current-state table
+(``<root>/current/<shape>``, ``tidemark.sink.current``) as of its LSN ``C``, plus the
+fold of the changelog rows after ``C`` onto it (``fold_onto``), so it stays exact up
+to the frontier and costs what the table and the tail cost, not the whole history.
+An ``as_of`` before ``C`` reads the current table's version at or before ``as_of``
+plus the changelog rows after it, or without one the whole changelog. Once changelog
+retention dropped rows at or below ``R`` (``compact_changelog``), an ``as_of``
+before ``R`` is refused, naming ``R``.
 """
 
 from __future__ import annotations
@@ -30,8 +39,9 @@ from typing import Any
 
 from tidemark.errors import SinkError
 from tidemark.lsn import format_lsn
+from tidemark.sink.current import CurrentTable, current_schema
 from tidemark.sink.frontiers import load_frontiers
-from tidemark.sink.schema import KIND, LSN, METADATA_NAMES, OP, UNCHANGED
+from tidemark.sink.schema import KIND, LSN, METADATA_NAMES, OP, UNCHANGED, spark_schema
 from tidemark.sink.table import ShapeTable
 
 SNAPSHOT = "snapshot"
@@ -48,8 +58,6 @@ def changelog(spark: Any, root: str | Path, shape: str) -> Any:
             "and has tidemark committed anything for it yet?"
         )
     files = table.file_uris()
-    from tidemark.sink.schema import spark_schema
-
     schema = spark_schema(table.arrow_schema())
     if not files:
         return spark.createDataFrame([], schema)
@@ -117,13 +125,101 @@ def fold(
     return out.select(*[F.col(f"`{c}`") for c in ordered], F.col(LSN))
 
 
+def snapshot_rows(state: Any, like: Any) -> Any:
+    """A state (shape columns and ``_lsn``, one row per key) as changelog rows that
+    fold before any stream row: ``_kind = snapshot``, ``_op = 0``, nothing unchanged."""
+    from pyspark.sql import functions as F
+
+    unchanged = dict((f.name, f.dataType) for f in like.fields).get(UNCHANGED)
+    return (
+        state.withColumn(OP, F.lit(0).cast("long"))
+        .withColumn(KIND, F.lit(SNAPSHOT))
+        .withColumn(UNCHANGED, F.lit(None).cast(unchanged or "array<string>"))
+    )
+
+
+def fold_onto(base: Any, tail: Any, primary_key: Sequence[str]) -> Any:
+    """The state after the changelog rows ``tail`` are applied to ``base``: a state as
+    ``snapshot_rows`` (or None: an empty state). Keys the tail does not touch are
+    taken as they are; only the touched keys' rows are folded (``fold``); a truncate
+    in the tail drops every base row."""
+    from pyspark.sql import functions as F
+
+    key = list(primary_key)
+    tail = tail.withColumn(OP, F.col(OP).cast("long"))
+    if base is None:
+        return fold(tail, key)
+    keys = tail.select(*[F.col(f"`{k}`") for k in key]).distinct()
+    touched = base.join(keys, key, "left_semi")
+    changed = fold(touched.unionByName(tail, allowMissingColumns=True), key)
+    truncates = tail.where(F.col(KIND) == TRUNCATE).select(F.lit(1).alias("__t")).limit(1)
+    kept = base.join(keys, key, "left_anti").join(truncates, how="left_anti")
+    return kept.select(*[F.col(f"`{c}`") for c in changed.columns]).unionByName(changed)
+
+
 def current(spark: Any, root: str | Path, shape: str, as_of: int | None = None) -> Any:
     """The shape's rows as of ``as_of`` (default: everything committed)."""
+    from pyspark.sql import functions as F
+
     if as_of is not None:
         _check_after_snapshot(root, shape, as_of)
     table = ShapeTable(root, shape)
     frame = changelog(spark, root, shape)
-    return fold(frame, table.primary_key(), as_of)
+    key = table.primary_key()
+    generation = table.generation()
+    retained = table.retained_lsn(generation)
+    changelog_id = str(table.table().metadata().id)
+    start = _current_start(root, shape, generation, changelog_id, retained, as_of)
+    if start is None:
+        return fold(frame, key, as_of)
+    version, lsn = start
+    target = current_schema(table.arrow_schema(), key)
+    files = CurrentTable(root, shape).file_uris(version)
+    base_frame = (
+        spark.read.schema(spark_schema(target)).parquet(*files)
+        if files
+        else spark.createDataFrame([], spark_schema(target))
+    )
+    tail = frame.where(F.col(LSN) > F.lit(lsn))
+    if as_of is not None:
+        tail = tail.where(F.col(LSN) <= F.lit(as_of))
+    state = fold_onto(snapshot_rows(base_frame, frame.schema), tail, key)
+    return state.select(*[F.col(f"`{f.name}`") for f in target])
+
+
+def _current_start(
+    root: str | Path,
+    shape: str,
+    generation: int,
+    changelog_id: str,
+    retained: int | None,
+    as_of: int | None,
+) -> tuple[int, int] | None:
+    """Which current-table version (and its LSN) a read starts from; None: fold the
+    whole changelog. Refuses an ``as_of`` older than the retained history."""
+    table = CurrentTable(root, shape)
+    point = table.point()
+    if point is not None and point.folds(generation, changelog_id):
+        if as_of is None or as_of >= point.lsn:
+            return point.version, point.lsn
+        if retained is None:
+            return None  # the changelog is whole: fold it
+        older = [
+            p for p in table.points() if p.generation == generation and retained <= p.lsn <= as_of
+        ]
+        if older:
+            best = max(older, key=lambda p: p.lsn)
+            return best.version, best.lsn
+    elif retained is None:
+        return None
+    oldest = retained if retained is not None else 0
+    raise SinkError(
+        f"cannot read shape '{shape}' as of "
+        f"{format_lsn(as_of) if as_of is not None else 'now'}: changelog retention "
+        f"dropped the changes at or before {format_lsn(oldest)} (folded into "
+        f"{table.uri}), and the current-state table holds no version old enough. "
+        f"Read as of {format_lsn(oldest)} or later"
+    )
 
 
 def _check_after_snapshot(root: str | Path, shape: str, as_of: int) -> None:

@@ -8,8 +8,9 @@ import asyncio
 from pathlib import Path
 
 import psycopg
+import pytest
 
-from tidemark.verify import compare_shape
+from tidemark.verify import compare_shape, normalise
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
@@ -189,3 +190,82 @@ async def test_a_table_whose_names_hold_dots_and_quotes_is_published_and_followe
         spark, str(tmp_path), "odd", 'select * from "My.Schema"."Or""ders"', pg_db.dsn
     )
     assert result.equal, result.describe()
+
+
+def plain_current_state(root: Path, shape: str) -> tuple[frozenset[tuple[object, ...]], int, int]:
+    """``current/<shape>`` read with deltalake and pyarrow only (no tidemark code): its
+    rows without ``_lsn``, how many there are, and the LSN its newest refresh records."""
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(str(root / "current" / shape))
+    lsn = next(int(e["tidemark.lsn"]) for e in dt.history() if "tidemark.lsn" in e)
+    rows = dt.to_pyarrow_table().to_pylist()
+    got = [tuple(normalise(v) for c, v in r.items() if c != "_lsn") for r in rows]
+    return frozenset(got), len(got), lsn
+
+
+async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_the_changelog(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    from deltalake import DeltaTable
+
+    from tidemark import read
+    from tidemark.errors import SinkError
+    from tidemark.sink.table import ShapeTable
+
+    await arun(pg_db, SCHEMA)
+    settings = settings_for(
+        pg_db.dsn,
+        str(tmp_path),
+        SHAPES,
+        current={"refresh_s": 0.5, "buckets": 4},
+        sink={"changelog_retention_hours": 0},
+    )
+    first_lsn = current_lsn(pg_db.dsn)
+    async with running_service(settings, spark) as service:
+        assert service.keeper is not None
+        await mixed_workload(pg_db)  # refreshes run meanwhile, every 0.5 s
+        target = current_lsn(pg_db.dsn)
+        await wait_frontiers(service, target)
+
+        def refreshes() -> dict[str, float]:
+            return {n: service.metrics.current_refreshes.labels(n)._value.get() for n in TRUTH}
+
+        async with asyncio.timeout(120):  # the keeper folds every shape on its own
+            while min(refreshes().values()) < 1 or service.keeper.shapes_waiting():
+                await asyncio.sleep(0.2)
+        await arun(pg_db, "update accounts set tier = 'silver' where id = 3")
+        await arun(pg_db, "delete from events where id = 1001")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        for shape in TRUTH:  # fold what is left now, rather than wait for the timer
+            await service.keeper.refresh(shape)
+        assert min(refreshes().values()) >= 1 and sum(refreshes().values()) > len(TRUTH)
+        before = {
+            s: DeltaTable(str(tmp_path / "tables" / s)).to_pyarrow_table().num_rows for s in TRUTH
+        }
+        await service._maintain()  # retention 0 h: everything folded may go
+        # a change after the retention, folded onto the current table again
+        await arun(pg_db, "update accounts set owner = 'after retention' where id = 2")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        for shape in TRUTH:
+            await service.keeper.refresh(shape)
+    with psycopg.connect(pg_db.dsn) as conn:
+        for shape, query in TRUTH.items():
+            table = ShapeTable(tmp_path, shape)
+            retained = table.retained_lsn(table.generation())
+            assert retained is not None, shape
+            after = DeltaTable(table.uri).to_pyarrow_table().num_rows
+            assert after < before[shape], (shape, before[shape], after)
+            # the current table alone, as any Delta reader sees it, as of its LSN
+            got, count, lsn = plain_current_state(tmp_path, shape)
+            assert lsn >= retained
+            expected = [tuple(map(normalise, r)) for r in conn.execute(query).fetchall()]
+            assert got == frozenset(expected) and count == len(expected), shape
+            # tidemark.read: the current table plus the changelog tail, exact now
+            result = compare_shape(spark, str(tmp_path), shape, query, pg_db.dsn)
+            assert result.equal, result.describe()
+            # before the retained history: refused, naming the oldest readable LSN
+            with pytest.raises(SinkError, match="Read as of"):
+                read.current(spark, tmp_path, shape, as_of=first_lsn).collect()

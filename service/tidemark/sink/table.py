@@ -68,6 +68,8 @@ from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
 log = structlog.get_logger("tidemark.sink")
 
 APP_PREFIX = "tidemark:"
+GENERATION_PREFIX = "tidemark-generation:"
+RETAINED_PREFIX = "tidemark-retained:"
 SPOOL_DIR = "_spool"
 COMMIT_ATTEMPTS = 5
 
@@ -192,6 +194,31 @@ class ShapeTable:
             dt = self.table()
             dt.update_incremental()
             return dt.transaction_version(self.app_id)
+
+    def generation(self, dt: DeltaTable | None = None) -> int:
+        """How many times the table was rebuilt from a snapshot (a backfill or resync
+        commit counts one up): a current-state table folded from an older generation
+        is rebuilt (``tidemark.sink.current``). 0 for tables made before it was kept."""
+        if dt is None:
+            if not self.exists():
+                return 0
+            with self._lock:
+                dt = self.table()
+                dt.update_incremental()
+                return dt.transaction_version(GENERATION_PREFIX + self.shape) or 0
+        return dt.transaction_version(GENERATION_PREFIX + self.shape) or 0
+
+    def retained_lsn(self, generation: int, dt: DeltaTable | None = None) -> int | None:
+        """Rows with ``_lsn`` at or below this were dropped by changelog retention
+        (``compact_changelog``) in this generation; None: the history is whole."""
+        if dt is None:
+            if not self.exists():
+                return None
+            with self._lock:
+                dt = self.table()
+                dt.update_incremental()
+                return dt.transaction_version(f"{RETAINED_PREFIX}{self.shape}@{generation}")
+        return dt.transaction_version(f"{RETAINED_PREFIX}{self.shape}@{generation}")
 
     def op_type(self) -> pa.DataType | None:
         """The type of the table's ``_op`` column (None: no table yet)."""
@@ -378,14 +405,40 @@ class ShapeTable:
             dt.update_incremental()
             custom = {"tidemark.operation": "backfill", **(metadata or {})}
             version = dt.transaction_version(self.app_id)
+            generation = [Transaction(GENERATION_PREFIX + self.shape, self.generation(dt) + 1)]
             if replace is not None:
                 schema = with_primary_key(replace[0], replace[1])
                 custom["tidemark.schemaReplaced"] = "true"
-                return self._write(dt, [], files, custom, version, schema=schema)
+                return self._write(dt, [], files, custom, version, schema=schema, extra=generation)
             active = {p for p, _ in self._active_files(dt)}
             now = int(time.time() * 1000)
             removes = [RemoveAction(p, True, now, size, {}) for p, size in remove if p in active]
-            return self._write(dt, removes, files, custom, version)
+            return self._write(dt, removes, files, custom, version, extra=generation)
+
+    def retention_commit(
+        self, remove: Sequence[tuple[str, int]], files: Sequence[DataFile], retained_lsn: int
+    ) -> int:
+        """One commit that replaces ``remove`` by ``files`` (the same rows without those
+        at or below ``retained_lsn``) and records ``retained_lsn`` for the table's
+        generation. The committed offset is unchanged. The caller holds the shape's
+        flushes (the removed files must still be active)."""
+        with self._lock:
+            dt = self.table()
+            dt.update_incremental()
+            active = {p for p, _ in self._active_files(dt)}
+            missing = [p for p, _ in remove if p not in active]
+            if missing:
+                raise SinkError(
+                    f"shape '{self.shape}': changelog files changed while retention "
+                    f"rewrote them ({missing[0]} is gone); the next round tries again"
+                )
+            generation = self.generation(dt)
+            marker = Transaction(f"{RETAINED_PREFIX}{self.shape}@{generation}", retained_lsn)
+            now = int(time.time() * 1000)
+            removes = [RemoveAction(p, True, now, size, {}) for p, size in remove]
+            custom = {"tidemark.operation": "retention", "tidemark.retainedLsn": retained_lsn}
+            version = dt.transaction_version(self.app_id)
+            return self._write(dt, removes, files, custom, version, extra=[marker])
 
     def _write(
         self,
@@ -396,9 +449,11 @@ class ShapeTable:
         app_version: int | None,
         *,
         schema: pa.Schema | None = None,
+        extra: Sequence[Transaction] = (),
     ) -> int:
-        """One Delta commit: remove, add ``files``, tag ``(app_id, app_version)``;
-        with ``schema``, an overwrite that replaces every file and the schema."""
+        """One Delta commit: remove, add ``files``, tag ``(app_id, app_version)`` and
+        the ``extra`` application transactions; with ``schema``, an overwrite that
+        replaces every file and the schema."""
         adds = [AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in files]
         custom = {"tidemark.rows": str(sum(f.num_rows for f in files))}
         custom |= {k: str(v) for k, v in metadata.items()}
@@ -408,9 +463,11 @@ class ShapeTable:
             schema=dt.schema() if schema is None else schema,
             commit_properties=CommitProperties(
                 custom_metadata=custom,
-                app_transactions=None
-                if app_version is None
-                else [Transaction(self.app_id, app_version)],
+                app_transactions=(
+                    [] if app_version is None else [Transaction(self.app_id, app_version)]
+                )
+                + list(extra)
+                or None,
             ),
         )
         dt.update_incremental()

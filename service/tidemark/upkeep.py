@@ -1,0 +1,270 @@
+"""Keeping each shape's current-state table folded, and its tables cheap to read.
+
+``CurrentKeeper`` runs beside the writers in the service. A shape's current table
+(``tidemark.sink.current``) is refreshed when ``[current] refresh_s`` passed since
+its last refresh and rows were committed since, when ``refresh_rows`` rows wait to
+be folded, or at once after a backfill or resync committed (the table must be
+rebuilt from the new snapshot). Refreshes run one at a time, in the scheduler's
+backfill slot: only while no stream flush waits for Spark, so the stream goes
+first; they read committed changelog files and never hold a flush or the
+acknowledgement. A shape that is not ready (its backfill has not committed) is not
+refreshed: its changelog is not a whole state yet.
+
+The hourly upkeep (``maintain``) adds, per shape and between its flushes: changelog
+retention (``[sink] changelog_retention_hours``: ``compact_changelog``), vacuum of
+the current table (keeping the version the retained changelog starts from), Delta
+log cleanup of both tables (``cleanup_metadata``: log entries older than the
+table's ``delta.logRetentionDuration`` and before a checkpoint), and the upkeep
+gauges (files per table, log entries since the newest checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from tidemark.sink import current
+
+if TYPE_CHECKING:
+    from tidemark.config import Settings
+    from tidemark.observability import Metrics
+    from tidemark.writers.scheduler import FlushScheduler
+
+log = structlog.get_logger("tidemark.upkeep")
+
+TICK_S = 0.5
+RETRY_AFTER_S = 30.0
+
+
+@dataclass(slots=True)
+class _Shape:
+    rows_waiting: int = 0  # committed to the changelog, not yet folded
+    unfolded_since: float | None = None  # wall time of the oldest such commit
+    refreshed_at: float = 0.0  # monotonic
+    folded_lsn: int | None = None
+    failed_at: float | None = None
+    was_backfilling: bool = False
+    force: bool = True  # refresh at the first chance (start, after a backfill)
+
+
+class CurrentKeeper:
+    def __init__(
+        self,
+        settings: Settings,
+        spark: Any,
+        scheduler: FlushScheduler,
+        metrics: Metrics,
+        *,
+        frontier: Callable[[str], int | None],
+        ready: Callable[[str], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.spark = spark
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.frontier = frontier
+        self.ready = ready
+        self.clock = clock
+        self.shapes: dict[str, _Shape] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def root(self) -> str:
+        return self.settings.sink.root
+
+    def lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def on_commit(self, shape: str, rows: int) -> None:
+        """A flush committed ``rows`` changelog rows for ``shape``."""
+        state = self.shapes.setdefault(shape, _Shape())
+        if rows:
+            state.rows_waiting += rows
+            if state.unfolded_since is None:
+                state.unfolded_since = time.time()
+
+    def forget(self, shape: str) -> None:
+        self.shapes.pop(shape, None)
+        self._locks.pop(shape, None)
+        for metric in (
+            self.metrics.current_lag_bytes,
+            self.metrics.current_lag_seconds,
+            self.metrics.changelog_retained_lsn,
+        ):
+            with contextlib.suppress(KeyError):
+                metric.remove(shape)
+
+    def shapes_waiting(self) -> list[str]:
+        """Shapes with committed rows not folded into their current table yet."""
+        return [n for n, s in self.shapes.items() if s.rows_waiting or s.force]
+
+    def due(self, name: str, now: float) -> bool:
+        cfg = self.settings.current
+        writer = self.scheduler.writers.get(name)
+        if writer is None or not self.ready(name):
+            return False
+        state = self.shapes.setdefault(name, _Shape())
+        backfilling = bool(writer.backfill)
+        if state.was_backfilling and not backfilling:
+            state.force = True  # a snapshot committed: rebuild from it
+        state.was_backfilling = backfilling
+        if backfilling:
+            return False
+        if state.failed_at is not None and now - state.failed_at < RETRY_AFTER_S:
+            return False
+        if state.force or state.rows_waiting >= cfg.refresh_rows:
+            return True
+        return state.rows_waiting > 0 and now - state.refreshed_at >= cfg.refresh_s
+
+    async def run(self) -> None:
+        if not self.settings.current.enabled:
+            return
+        while True:
+            now = self.clock()
+            for name in list(self.scheduler.writers):
+                if self.due(name, now):
+                    await self.refresh(name)
+                    now = self.clock()
+            self.update_gauges()
+            await asyncio.sleep(TICK_S)
+
+    async def refresh(self, name: str) -> current.RefreshResult | None:
+        state = self.shapes.setdefault(name, _Shape())
+        rows, since = state.rows_waiting, state.unfolded_since
+        state.rows_waiting, state.unfolded_since = 0, None
+        started = self.clock()
+        try:
+            async with self.lock(name), self.scheduler.backfill_slot():
+                work = asyncio.ensure_future(
+                    asyncio.to_thread(
+                        current.refresh,
+                        self.spark,
+                        self.root,
+                        name,
+                        buckets=self.settings.current.buckets,
+                        parallelism=_parallelism(self.spark),
+                    )
+                )
+                try:
+                    result = await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    # stopping: the thread cannot be stopped, let it end first
+                    await asyncio.wait({work})
+                    raise
+        except Exception as exc:  # never stops the stream: tried again later
+            state.rows_waiting += rows
+            state.unfolded_since = (
+                since
+                if state.unfolded_since is None
+                else min(since or state.unfolded_since, state.unfolded_since)
+            )
+            state.failed_at = self.clock()
+            self.metrics.current_refresh_failures.labels(name).inc()
+            log.warning(
+                "current.refresh_failed",
+                shape=name,
+                error=f"{type(exc).__name__}: {exc}",
+                exc_info=exc,
+            )
+            return None
+        state.failed_at = None
+        state.force = False
+        state.refreshed_at = self.clock()
+        state.folded_lsn = result.lsn
+        if not result.skipped:
+            self.metrics.current_refreshes.labels(name).inc()
+            self.metrics.current_refresh_seconds.labels(name).inc(self.clock() - started)
+        return result
+
+    def update_gauges(self) -> None:
+        now = time.time()
+        for name, state in self.shapes.items():
+            frontier = self.frontier(name)
+            if frontier is not None and state.folded_lsn is not None:
+                self.metrics.current_lag_bytes.labels(name).set(max(0, frontier - state.folded_lsn))
+            since = state.unfolded_since
+            self.metrics.current_lag_seconds.labels(name).set(0 if since is None else now - since)
+
+    # -- hourly upkeep ------------------------------------------------------------------
+
+    async def maintain(self, name: str) -> None:
+        """Changelog retention, current-table vacuum, log cleanup and the upkeep gauges
+        of one shape. The caller holds the shape's flushes."""
+        sink = self.settings.sink
+        async with self.lock(name):
+            hours = sink.changelog_retention_hours
+            if hours is not None and self.settings.current.enabled:
+                retained = await asyncio.to_thread(
+                    current.compact_changelog, self.spark, self.root, name, hours
+                )
+                if retained is not None:
+                    self.metrics.changelog_retained_lsn.labels(name).set(retained.retained_lsn)
+            await asyncio.to_thread(vacuum_and_clean, self.root, name, sink.vacuum_retention_hours)
+        await asyncio.to_thread(self.measure, name)
+
+    def measure(self, name: str) -> None:
+        from tidemark.sink.table import table_path
+
+        for kind, path in (
+            ("changelog", table_path(self.root, name)),
+            ("current", current.current_path(self.root, name)),
+        ):
+            stats = table_stats(path)
+            if stats is None:
+                continue
+            files, since_checkpoint = stats
+            self.metrics.table_files.labels(name, kind).set(files)
+            self.metrics.table_log_entries.labels(name, kind).set(since_checkpoint)
+
+
+def _parallelism(spark: Any) -> int:
+    from tidemark.writers.job import default_parallelism
+
+    return default_parallelism(spark)
+
+
+def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
+    """Vacuum the current table (keeping what reads from the retention boundary on
+    need) and clean both tables' expired Delta log entries."""
+    from deltalake import DeltaTable
+
+    from tidemark.sink.table import ShapeTable
+
+    changelog = ShapeTable(root, shape)
+    table = current.CurrentTable(root, shape)
+    if table.exists():
+        points = table.points()
+        generation = changelog.generation() if changelog.exists() else 0
+        retained = changelog.retained_lsn(generation) if changelog.exists() else None
+        hours = current.current_vacuum_hours(points, retained, floor_hours, int(time.time() * 1000))
+        table.table().vacuum(
+            retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True
+        )
+        DeltaTable(table.uri).cleanup_metadata()
+    if changelog.exists():
+        DeltaTable(changelog.uri).cleanup_metadata()
+
+
+def table_stats(path: Path) -> tuple[int, int] | None:
+    """(active files, log entries after the newest checkpoint) of a Delta table."""
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    dt = DeltaTable(str(path))
+    files = len(dt.file_uris())
+    checkpoint = -1
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        checkpoint = int(
+            json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+        )
+    return files, dt.version() - checkpoint if checkpoint >= 0 else dt.version() + 1

@@ -1,0 +1,138 @@
+"""The pure parts of current-state tables: file layout, schema, retention boundary,
+vacuum horizon, and when the keeper refreshes a shape."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tidemark.config import Settings
+from tidemark.observability import Metrics
+from tidemark.sink.current import (
+    ChangelogView,
+    RefreshPoint,
+    bucket_dir,
+    bucket_of_path,
+    current_schema,
+    current_vacuum_hours,
+    retention_boundary,
+)
+from tidemark.sink.schema import ColumnSpec, primary_key_of, table_schema
+from tidemark.upkeep import CurrentKeeper
+
+HOUR_MS = 3_600_000
+
+
+def point(lsn: int, at_ms: int, generation: int = 1) -> RefreshPoint:
+    return RefreshPoint(
+        version=lsn, lsn=lsn, generation=generation, buckets=16, refreshes=1, timestamp_ms=at_ms
+    )
+
+
+def test_a_file_belongs_to_the_bucket_its_folder_names() -> None:
+    assert bucket_dir(7) == "bucket-00007"
+    assert bucket_of_path("bucket-00007/abc.parquet") == 7
+    assert bucket_of_path("bucket-04095/x/y.parquet") == 4095
+    assert bucket_of_path("data/abc.parquet") is None
+    assert bucket_of_path("bucket-xx/abc.parquet") is None
+
+
+def test_the_current_table_has_the_shape_columns_the_key_and_lsn_only() -> None:
+    changelog = table_schema([ColumnSpec("id", 23), ColumnSpec("name", 25)])
+    schema = current_schema(changelog, ["id"])
+    assert schema.names == ["id", "name", "_lsn"]
+    assert schema.field("_lsn").type == pa.int64()
+    assert primary_key_of(schema) == ["id"]
+
+
+def test_retention_drops_through_the_newest_refresh_older_than_the_retention() -> None:
+    now = 100 * HOUR_MS
+    points = [point(10, now - 50 * HOUR_MS), point(20, now - 30 * HOUR_MS), point(30, now)]
+    assert retention_boundary(points, 1, 24, now) == 20
+    assert retention_boundary(points, 1, 0, now) == 30
+    assert retention_boundary(points, 1, 60, now) is None  # nothing that old yet
+    # refreshes of an older generation (before a resync) never count
+    assert retention_boundary(points, 2, 0, now) is None
+
+
+def test_the_current_table_keeps_removed_files_back_to_the_retention_boundary() -> None:
+    now = 100 * HOUR_MS
+    points = [point(10, now - 50 * HOUR_MS), point(20, now - 30 * HOUR_MS)]
+    assert current_vacuum_hours(points, None, 24, now) == 24  # whole changelog: no need
+    assert current_vacuum_hours(points, 20, 24, now) == 32  # the version at 20 is 30 h old
+    assert current_vacuum_hours(points, 10, 168, now) == 168
+
+
+def test_the_tail_is_every_file_that_reaches_past_the_lsn() -> None:
+    view = ChangelogView(
+        3,
+        1,
+        "table-id",
+        pa.schema([]),
+        ["id"],
+        [("a", 1, 10, 5), ("b", 11, 20, 7), ("c", None, None, 2)],
+    )
+    assert view.max_lsn == 20
+    assert view.files_after(10) == ["b", "c"]  # "c" has no statistics: read it
+    assert view.files_after(None) == ["a", "b", "c"]
+    assert view.rows_after(10) == 9
+
+
+class FakeWriter:
+    def __init__(self) -> None:
+        self.backfill: Any = None
+
+
+def keeper(**current: Any) -> tuple[CurrentKeeper, dict[str, FakeWriter], dict[str, bool]]:
+    settings = Settings.model_validate(
+        {"current": {"refresh_s": 10, "refresh_rows": 100, **current}}
+    )
+    writers = {"s": FakeWriter()}
+    ready = {"s": True}
+    scheduler = SimpleNamespace(writers=writers)
+    k = CurrentKeeper(
+        settings,
+        None,
+        scheduler,
+        Metrics(),  # type: ignore[arg-type]
+        frontier=lambda n: 0,
+        ready=lambda n: ready[n],
+    )
+    return k, writers, ready
+
+
+def test_a_shape_is_refreshed_when_ready_then_on_its_timer_or_its_row_count() -> None:
+    k, _, ready = keeper()
+    ready["s"] = False
+    assert not k.due("s", 0.0)  # not ready: its changelog is not a whole state yet
+    ready["s"] = True
+    assert k.due("s", 0.0)  # first chance: build it
+    state = k.shapes["s"]
+    state.force, state.refreshed_at = False, 0.0
+    assert not k.due("s", 5.0)  # nothing committed since
+    k.on_commit("s", 10)
+    assert not k.due("s", 5.0)  # committed, but its timer has not run out
+    assert k.due("s", 10.0)
+    k.on_commit("s", 95)
+    assert k.due("s", 5.0)  # 105 rows waiting >= refresh_rows
+
+
+def test_a_backfill_holds_refreshes_and_its_commit_forces_one() -> None:
+    k, writers, _ = keeper()
+    assert k.due("s", 0.0)
+    k.shapes["s"].force = False
+    writers["s"].backfill = object()
+    k.on_commit("s", 1000)
+    assert not k.due("s", 100.0)  # a resync is running: never fold half a snapshot
+    writers["s"].backfill = None
+    assert k.due("s", 0.0)  # its commit changed the changelog's generation: rebuild
+
+
+def test_bucket_counts_are_bounded() -> None:
+    with pytest.raises(ValueError, match="buckets"):
+        Settings.model_validate({"current": {"buckets": 0}})
+    assert Settings.model_validate({}).current.buckets == 16
+    assert Settings.model_validate({}).sink.changelog_retention_hours is None
