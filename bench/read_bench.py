@@ -2,7 +2,7 @@
 refresh costs, and how long opening a table with a long Delta log takes.
 
 A changelog of ``TIDEMARK_BENCH_READ_ROWS`` keys (default 1M) and
-``TIDEMARK_BENCH_READ_CHANGES`` changes (default 10M: the inserts, then rounds of
+``TIDEMARK_BENCH_READ_CHANGES`` changes (default 20M: the inserts, then rounds of
 updates of every key) is written with pyarrow and committed as tidemark commits it,
 one Delta commit per million rows. Then, with the local Spark session:
 
@@ -91,34 +91,44 @@ def build_changelog(root: Path, rows: int, changes: int) -> tuple[ShapeTable, in
 
 
 def open_times(folder: Path, commits: int) -> tuple[float, float]:
-    """Seconds to open (and list the files of) a table of ``commits`` commits, with
-    deltalake's checkpoints (every 100 commits) and without any."""
+    """Seconds to open (and list the files of) a table of ``commits`` commits, each
+    adding one file and setting an application transaction (what a flush commit
+    writes), with a checkpoint every 100 commits (deltalake's default) and without
+    any. The first commit is deltalake's; the others repeat its log entry with the
+    next version, file and transaction (10k deltalake commits take minutes)."""
     from deltalake import CommitProperties, DeltaTable, Transaction
     from deltalake.transaction import AddAction
 
     out = []
-    for interval in ("100", str(10 * commits)):
-        path = folder / f"log-{interval}"
+    for checkpoints in (True, False):
+        path = folder / ("log-checkpointed" if checkpoints else "log-plain")
         dt = DeltaTable.create(
             str(path),
             schema=pa.schema([("id", pa.int64())]),
-            configuration={"delta.checkpointInterval": interval},
+            configuration={"delta.checkpointInterval": str(10 * commits)},
         )
         stats = '{"numRecords":1,"minValues":{"id":1},"maxValues":{"id":1},"nullCount":{"id":0}}'
-        for i in range(commits):
-            dt.create_write_transaction(
-                [AddAction(f"data/{i}.parquet", 600, {}, 0, True, stats)],
-                mode="append",
-                schema=dt.schema(),
-                commit_properties=CommitProperties(app_transactions=[Transaction("app", i)]),
+        dt.create_write_transaction(
+            [AddAction("data/1.parquet", 600, {}, 0, True, stats)],
+            mode="append",
+            schema=dt.schema(),
+            commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)]),
+        )
+        log_dir = path / "_delta_log"
+        template = (log_dir / f"{1:020d}.json").read_text()
+        for version in range(2, commits + 1):
+            text = template.replace('"data/1.parquet"', f'"data/{version}.parquet"').replace(
+                '"version":1}', f'"version":{version}}}'
             )
-            dt.update_incremental()
+            (log_dir / f"{version:020d}.json").write_text(text)
+            if checkpoints and version % 100 == 0:
+                DeltaTable(str(path), version=version).create_checkpoint()
         samples = []
         for _ in range(3):
             started = time.perf_counter()
             opened = DeltaTable(str(path))
             assert len(opened.file_uris()) == commits
-            opened.transaction_version("app")
+            assert opened.transaction_version("app") == commits
             samples.append(time.perf_counter() - started)
         out.append(min(samples))
     return out[0], out[1]
@@ -126,7 +136,7 @@ def open_times(folder: Path, commits: int) -> tuple[float, float]:
 
 def main() -> None:
     rows = int(os.environ.get("TIDEMARK_BENCH_READ_ROWS", "1000000"))
-    changes = int(os.environ.get("TIDEMARK_BENCH_READ_CHANGES", str(10 * rows)))
+    changes = int(os.environ.get("TIDEMARK_BENCH_READ_CHANGES", str(20 * rows)))
     commits = int(os.environ.get("TIDEMARK_BENCH_COMMITS", "10000"))
     buckets = int(os.environ.get("TIDEMARK_BENCH_BUCKETS", "16"))
     print(f"== read: {rows:,} keys, {changes:,} changes, {buckets} buckets ==")

@@ -128,6 +128,8 @@ class CurrentKeeper:
     async def run(self) -> None:
         if not self.settings.current.enabled:
             return
+        # a refresh killed mid-way left its Spark output (never committed) behind
+        await asyncio.to_thread(clear_staging, self.root, list(self.scheduler.writers))
         while True:
             now = self.clock()
             for name in list(self.scheduler.writers):
@@ -224,6 +226,13 @@ class CurrentKeeper:
             files, since_checkpoint = stats
             self.metrics.table_files.labels(name, kind).set(files)
             self.metrics.table_log_entries.labels(name, kind).set(since_checkpoint)
+
+
+def clear_staging(root: str | Path, shapes: list[str]) -> None:
+    import shutil
+
+    for name in shapes:
+        shutil.rmtree(current.current_path(root, name) / current.STAGING_DIR, ignore_errors=True)
 
 
 def _parallelism(spark: Any) -> int:

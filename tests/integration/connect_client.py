@@ -3,7 +3,9 @@ session switches pyspark's whole process into Connect mode, so it cannot share t
 suite's process and its classic session). Prints one JSON line.
 
 ``fold URL ROOT DSN TRUTH_JSON``: every shape folded through Connect
-(``tidemark.read``), compared with its query on Postgres (``compare_shape``).
+(``tidemark.read``), compared with its query on Postgres (``compare_shape``); then
+each shape's current-state table refreshed through Connect and read back with
+deltalake alone, compared with the same query.
 
 ``write URL ROOT ROWS``: a batch of ROWS rows, tens of MB of Arrow, written through
 Connect by ``write_arrow`` into a new shape table ``big`` and committed.
@@ -32,7 +34,26 @@ def fold(url: str, root: str, dsn: str, truth: dict[str, str]) -> dict[str, obje
             shape: {"equal": r.equal, "rows": len(r.got), "describe": r.describe()}
             for shape, r in results.items()
         },
+        "current": {
+            shape: refreshed_equals(spark, root, shape, query, dsn)
+            for shape, query in truth.items()
+        },
     }
+
+
+def refreshed_equals(spark: object, root: str, shape: str, query: str, dsn: str) -> bool:
+    import psycopg
+    from deltalake import DeltaTable
+
+    from tidemark.sink import current
+    from tidemark.verify import normalise
+
+    current.refresh(spark, root, shape, buckets=4)
+    rows = DeltaTable(str(current.current_path(root, shape))).to_pyarrow_table().to_pylist()
+    got = sorted((tuple(normalise(v) for c, v in r.items() if c != "_lsn") for r in rows), key=repr)
+    with psycopg.connect(dsn) as conn:
+        expected = sorted((tuple(map(normalise, r)) for r in conn.execute(query)), key=repr)
+    return got == expected
 
 
 def write(url: str, root: str, rows: int) -> dict[str, object]:

@@ -213,6 +213,7 @@ async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_
 
     from tidemark import read
     from tidemark.errors import SinkError
+    from tidemark.sink.current import CurrentTable
     from tidemark.sink.table import ShapeTable
 
     await arun(pg_db, SCHEMA)
@@ -242,6 +243,15 @@ async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_
         for shape in TRUTH:  # fold what is left now, rather than wait for the timer
             await service.keeper.refresh(shape)
         assert min(refreshes().values()) >= 1 and sum(refreshes().values()) > len(TRUTH)
+        # a resync rebuilds the changelog from a new snapshot: the current table follows
+        urgent = ShapeTable(tmp_path, "urgent")
+        generation = urgent.generation()
+        await service.resync_shape("urgent")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        assert urgent.generation() == generation + 1
+        await service.keeper.refresh("urgent")
+        point = CurrentTable(tmp_path, "urgent").point()
+        assert point is not None and point.generation == generation + 1
         before = {
             s: DeltaTable(str(tmp_path / "tables" / s)).to_pyarrow_table().num_rows for s in TRUTH
         }
@@ -251,6 +261,11 @@ async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_
         await wait_frontiers(service, current_lsn(pg_db.dsn))
         for shape in TRUTH:
             await service.keeper.refresh(shape)
+        from tidemark.api.shape_view import shape_json
+
+        view = shape_json(service, "all_accounts")["current"]
+        assert view["folded"] is not None and view["rows_waiting"] == 0, view
+        assert view["lag_bytes"] is not None
     with psycopg.connect(pg_db.dsn) as conn:
         for shape, query in TRUTH.items():
             table = ShapeTable(tmp_path, shape)

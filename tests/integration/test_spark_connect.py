@@ -94,6 +94,8 @@ async def test_mixed_workload_through_spark_connect_equals_postgres(
     for result in out["shapes"].values():
         assert result["equal"], result["describe"]
     assert out["shapes"]["rich"]["rows"] > 0
+    # and each current-state table, refreshed through Connect, read plainly
+    assert out["current"] == {shape: True for shape in TRUTH}, out["current"]
 
 
 def test_a_batch_bigger_than_one_connect_job_is_written_whole(

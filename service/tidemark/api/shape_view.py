@@ -1,6 +1,6 @@
 """What the API says about a shape: its definition, state, and what an operator asks
 first: is it ready, and if not, why; how far behind is it (bytes and seconds); how many
-rows did it get; when did it last commit.
+rows did it get; when did it last commit; how far its current-state table is folded.
 
 ``not_ready_reason`` is pure (the sentence an operator reads, from the facts); ``shape_json``
 gathers the facts from the running service.
@@ -121,6 +121,25 @@ def shape_json(
         "columns_as_text": [{"column": c, "type": t} for c, t in status.as_text],
         "backfill": backfill,
         "continuity": continuity_json(service, name),
+        "current": current_json(service, name, frontier),
+    }
+
+
+def current_json(service: Service, name: str, frontier: int | None) -> dict[str, Any] | None:
+    """The shape's current-state table: the LSN it is folded through, how far that is
+    behind the frontier, and how long the oldest unfolded change has waited."""
+    keeper = service.keeper
+    if keeper is None or not service.settings.current.enabled:
+        return None
+    state = keeper.shapes.get(name)
+    folded = None if state is None else state.folded_lsn
+    return {
+        "folded": lsn_json(folded),
+        "lag_bytes": None if folded is None or frontier is None else max(0, frontier - folded),
+        "lag_s": None
+        if state is None or state.unfolded_since is None
+        else round(max(0.0, time.time() - state.unfolded_since), 1),
+        "rows_waiting": 0 if state is None else state.rows_waiting,
     }
 
 
