@@ -2,9 +2,10 @@
 
 ``CurrentKeeper`` runs beside the writers in the service. A shape's current table
 (``tidemark.sink.current``) is refreshed when ``[current] refresh_s`` passed since
-its last refresh and rows were committed since, when ``refresh_rows`` rows wait to
-be folded, or at once after a backfill or resync committed (the table must be
-rebuilt from the new snapshot). Refreshes run one at a time, in the scheduler's
+its last refresh and rows were committed since (a backfill's or resync's snapshot
+counts: the table is then built or rebuilt from it; so does a shape's first
+``refresh_s`` after start, to find out), or when ``refresh_rows`` rows wait to be
+folded. Refreshes run one at a time, in the scheduler's
 backfill slot: only while no stream flush waits for Spark, so the stream goes
 first; they read committed changelog files and never hold a flush or the
 acknowledgement. A shape that is not ready (its backfill has not committed) is not
@@ -48,11 +49,11 @@ RETRY_AFTER_S = 30.0
 class _Shape:
     rows_waiting: int = 0  # committed to the changelog, not yet folded
     unfolded_since: float | None = None  # wall time of the oldest such commit
-    refreshed_at: float = 0.0  # monotonic
+    refreshed_at: float = 0.0  # monotonic; the timer starts when tracking does
     folded_lsn: int | None = None
     failed_at: float | None = None
     was_backfilling: bool = False
-    force: bool = True  # refresh at the first chance (start, after a backfill)
+    force: bool = False  # refresh at the first chance
 
 
 class CurrentKeeper:
@@ -86,7 +87,7 @@ class CurrentKeeper:
 
     def on_commit(self, shape: str, rows: int) -> None:
         """A flush committed ``rows`` changelog rows for ``shape``."""
-        state = self.shapes.setdefault(shape, _Shape())
+        state = self.track(shape)
         if rows:
             state.rows_waiting += rows
             if state.unfolded_since is None:
@@ -99,9 +100,30 @@ class CurrentKeeper:
             self.metrics.current_lag_bytes,
             self.metrics.current_lag_seconds,
             self.metrics.changelog_retained_lsn,
+            self.metrics.current_refreshes,
+            self.metrics.current_refresh_failures,
+            self.metrics.current_refresh_seconds,
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(shape)
+        for kind in ("changelog", "current"):
+            for metric in (self.metrics.table_files, self.metrics.table_log_entries):
+                with contextlib.suppress(KeyError):
+                    metric.remove(shape, kind)
+
+    def track(self, name: str) -> _Shape:
+        """The shape's state; its series exist from then on (the table gauges NaN until
+        they are measured after its first refresh or upkeep round)."""
+        state = self.shapes.get(name)
+        if state is None:
+            # not known to be folded: looked at once its timer runs out
+            state = self.shapes[name] = _Shape(1, time.time(), self.clock())
+            self.metrics.current_refreshes.labels(name)
+            self.metrics.current_refresh_failures.labels(name)
+            for kind in ("changelog", "current"):
+                self.metrics.table_files.labels(name, kind).set(float("nan"))
+                self.metrics.table_log_entries.labels(name, kind).set(float("nan"))
+        return state
 
     def shapes_waiting(self) -> list[str]:
         """Shapes with committed rows not folded into their current table yet."""
@@ -112,10 +134,13 @@ class CurrentKeeper:
         writer = self.scheduler.writers.get(name)
         if writer is None or not self.ready(name):
             return False
-        state = self.shapes.setdefault(name, _Shape())
+        state = self.track(name)
         backfilling = bool(writer.backfill)
         if state.was_backfilling and not backfilling:
-            state.force = True  # a snapshot committed: rebuild from it
+            # a snapshot committed: its rows wait to be folded (a resync: rebuilt)
+            state.rows_waiting = max(state.rows_waiting, 1)
+            if state.unfolded_since is None:
+                state.unfolded_since = time.time()
         state.was_backfilling = backfilling
         if backfilling:
             return False
@@ -130,6 +155,8 @@ class CurrentKeeper:
             return
         # a refresh killed mid-way left its Spark output (never committed) behind
         await asyncio.to_thread(clear_staging, self.root, list(self.scheduler.writers))
+        for name in list(self.scheduler.writers):
+            self.track(name)
         while True:
             now = self.clock()
             for name in list(self.scheduler.writers):
@@ -140,7 +167,7 @@ class CurrentKeeper:
             await asyncio.sleep(TICK_S)
 
     async def refresh(self, name: str) -> current.RefreshResult | None:
-        state = self.shapes.setdefault(name, _Shape())
+        state = self.track(name)
         rows, since = state.rows_waiting, state.unfolded_since
         state.rows_waiting, state.unfolded_since = 0, None
         started = self.clock()
@@ -185,6 +212,7 @@ class CurrentKeeper:
         if not result.skipped:
             self.metrics.current_refreshes.labels(name).inc()
             self.metrics.current_refresh_seconds.labels(name).inc(self.clock() - started)
+            await asyncio.to_thread(self.measure, name)
         return result
 
     def update_gauges(self) -> None:
@@ -214,16 +242,15 @@ class CurrentKeeper:
         await asyncio.to_thread(self.measure, name)
 
     def measure(self, name: str) -> None:
+        """Files and log entries since the newest checkpoint of both tables (a shape
+        whose table does not exist yet gets 0)."""
         from tidemark.sink.table import table_path
 
         for kind, path in (
             ("changelog", table_path(self.root, name)),
             ("current", current.current_path(self.root, name)),
         ):
-            stats = table_stats(path)
-            if stats is None:
-                continue
-            files, since_checkpoint = stats
+            files, since_checkpoint = table_stats(path) or (0, 0)
             self.metrics.table_files.labels(name, kind).set(files)
             self.metrics.table_log_entries.labels(name, kind).set(since_checkpoint)
 

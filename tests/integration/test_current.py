@@ -152,6 +152,7 @@ def check(spark: Any, lake: Lake) -> None:
         # any Delta reader: the rows, and the LSN the newest refresh commit records
         dt = DeltaTable(table.uri)
         lsn = next(int(e["tidemark.lsn"]) for e in dt.history() if "tidemark.lsn" in e)
+        assert dt.transaction_version("tidemark-current:s") == lsn
         plain = dt.to_pyarrow_table().to_pylist()
         if table.point() is not None and table.point().generation == lake.table.generation():
             assert as_state(plain) == lake.state_at(lsn)

@@ -198,7 +198,9 @@ def plain_current_state(root: Path, shape: str) -> tuple[frozenset[tuple[object,
     from deltalake import DeltaTable
 
     dt = DeltaTable(str(root / "current" / shape))
-    lsn = next(int(e["tidemark.lsn"]) for e in dt.history() if "tidemark.lsn" in e)
+    lsn = dt.transaction_version(f"tidemark-current:{shape}")
+    assert lsn is not None
+    assert lsn == next(int(e["tidemark.lsn"]) for e in dt.history() if "tidemark.lsn" in e)
     rows = dt.to_pyarrow_table().to_pylist()
     got = [tuple(normalise(v) for c, v in r.items() if c != "_lsn") for r in rows]
     return frozenset(got), len(got), lsn

@@ -100,6 +100,7 @@ def keeper(**current: Any) -> tuple[CurrentKeeper, dict[str, FakeWriter], dict[s
         Metrics(),  # type: ignore[arg-type]
         frontier=lambda n: 0,
         ready=lambda n: ready[n],
+        clock=lambda: 0.0,  # tracking starts at 0; the tests pass `now` to due()
     )
     return k, writers, ready
 
@@ -109,26 +110,30 @@ def test_a_shape_is_refreshed_when_ready_then_on_its_timer_or_its_row_count() ->
     ready["s"] = False
     assert not k.due("s", 0.0)  # not ready: its changelog is not a whole state yet
     ready["s"] = True
-    assert k.due("s", 0.0)  # first chance: build it
-    state = k.shapes["s"]
-    state.force, state.refreshed_at = False, 0.0
-    assert not k.due("s", 5.0)  # nothing committed since
-    k.on_commit("s", 10)
-    assert not k.due("s", 5.0)  # committed, but its timer has not run out
+    assert not k.due("s", 5.0)  # ready since 0: looked at once its timer ran out
     assert k.due("s", 10.0)
+    state = k.shapes["s"]
+    state.rows_waiting, state.refreshed_at = 0, 10.0  # (what a refresh leaves)
+    assert not k.due("s", 30.0)  # nothing committed since
+    k.on_commit("s", 10)
+    assert not k.due("s", 15.0)  # committed, but its timer has not run out
+    assert k.due("s", 20.0)
     k.on_commit("s", 95)
-    assert k.due("s", 5.0)  # 105 rows waiting >= refresh_rows
+    assert k.due("s", 15.0)  # 105 rows waiting >= refresh_rows
 
 
-def test_a_backfill_holds_refreshes_and_its_commit_forces_one() -> None:
+def test_a_backfill_holds_refreshes_and_its_snapshot_waits_to_be_folded() -> None:
     k, writers, _ = keeper()
-    assert k.due("s", 0.0)
-    k.shapes["s"].force = False
+    assert k.due("s", 10.0)
+    state = k.shapes["s"]
+    state.rows_waiting, state.refreshed_at = 0, 10.0
     writers["s"].backfill = object()
-    k.on_commit("s", 1000)
     assert not k.due("s", 100.0)  # a resync is running: never fold half a snapshot
+    k.on_commit("s", 1000)
+    assert not k.due("s", 100.0)
     writers["s"].backfill = None
-    assert k.due("s", 0.0)  # its commit changed the changelog's generation: rebuild
+    state.rows_waiting = 0
+    assert k.due("s", 100.0)  # its commit changed the changelog: rebuilt from it
 
 
 def test_bucket_counts_are_bounded() -> None:

@@ -22,11 +22,11 @@ the whole changelog in one overwrite commit.
 
 What a refresh commit records (``commitInfo``, readable by any Delta reader with the
 table's history): ``tidemark.lsn`` (the changelog is folded through this LSN),
-``tidemark.generation`` (the changelog generation, see ``ShapeTable.generation``)
-and ``tidemark.buckets``; and the application transaction
-``tidemark-current:<shape>``, a counter of refreshes, so two refreshes racing on one
-table cannot both commit. Reading ``current/<shape>`` with any Delta engine gives
-the shape's state as of ``tidemark.lsn`` of its newest refresh commit.
+``tidemark.generation`` (the changelog generation, see ``ShapeTable.generation``),
+``tidemark.changelogId`` and ``tidemark.buckets``; and the application transaction
+``(tidemark-current:<shape>, lsn)``, which deltalake's conflict check also uses so two
+refreshes racing on one table cannot both commit. Reading ``current/<shape>`` with
+any Delta engine gives the shape's state as of that LSN.
 
 Nothing here holds acknowledgement: a refresh reads committed changelog files of a
 pinned table version, while the writers go on appending.
@@ -96,7 +96,7 @@ class RefreshPoint:
     lsn: int
     generation: int
     buckets: int
-    refreshes: int  # the app transaction's counter
+    refreshes: int  # how many refreshes the table has had
     timestamp_ms: int
     changelog_id: str = ""  # the changelog's Delta table id (a table made again differs)
 
@@ -279,6 +279,8 @@ def refresh(
     target = current_schema(view.schema, view.primary_key)
     table = CurrentTable(root, shape)
     dt = table.table() if table.exists() else None
+    if dt is None and not view.files:  # nothing committed yet: no table to make either
+        return RefreshResult(shape, None, False, 0, 0, 0, 0, 0.0, skipped=True)
     point = table.point(dt) if dt is not None else None
     # regenerate: no table for this changelog generation (new, or a resync since):
     # fold the whole changelog. rebucket: another bucket count or new columns: every
@@ -370,7 +372,7 @@ def refresh(
         "tidemark.bucketsWritten": str(len(touched)),
         "tidemark.rows": str(sum(f.num_rows for f in added)),
     }
-    _commit(table, dt, removed, added, target, metadata, refreshes, overwrite=rebuild)
+    _commit(table, dt, removed, added, target, metadata, overwrite=rebuild)
     result = RefreshResult(
         shape,
         upto,
@@ -426,12 +428,14 @@ def _commit(
     added: Sequence[DataFile],
     schema: pa.Schema,
     metadata: dict[str, str],
-    refreshes: int,
     *,
     overwrite: bool,
 ) -> None:
+    # the LSN as the app transaction's version: deltalake refuses this commit if another
+    # refresh committed one since ``dt``'s version (two refreshers never both land)
     properties = CommitProperties(
-        custom_metadata=metadata, app_transactions=[Transaction(table.app_id, refreshes)]
+        custom_metadata=metadata,
+        app_transactions=[Transaction(table.app_id, int(metadata["tidemark.lsn"]))],
     )
     adds = [AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in added]
     if dt is None:
@@ -445,11 +449,6 @@ def _commit(
             description=description,
         )
         overwrite = False  # a new table: nothing to replace
-    if dt.transaction_version(table.app_id) not in (None, refreshes - 1):
-        raise SinkError(
-            f"shape '{table.shape}': another refresh of its current table committed "
-            "meanwhile; this one is dropped (the next refresh starts from that one)"
-        )
     now = int(time.time() * 1000)
     removes = [] if overwrite else [RemoveAction(p, True, now, s, {}) for p, s in removed]
     dt.create_write_transaction(
