@@ -32,6 +32,8 @@ TXN_ROWS = 100
 LOAD_S = 30.0
 TARGET_P99_S = {100: 2.0, 1000: 5.0}
 MAX_AGE = os.environ.get("TIDEMARK_BENCH_MAX_AGE")  # default: the service's own
+# "0": without current-state tables (their refreshes share Spark with the flushes)
+CURRENT = os.environ.get("TIDEMARK_BENCH_CURRENT", "1") != "0"
 
 
 def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
@@ -43,6 +45,7 @@ def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
             "sink": {"root": str(root)},
             "http": {"port": 0},
             "monitor": {"period_s": 0.5},
+            "current": {"enabled": CURRENT},
             **({"flush": {"max_age_s": float(MAX_AGE)}} if MAX_AGE else {}),
             "log_level": "warning",
             "shapes": [

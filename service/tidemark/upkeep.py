@@ -186,8 +186,11 @@ class CurrentKeeper:
                 try:
                     result = await asyncio.shield(work)
                 except asyncio.CancelledError:
-                    # stopping: the thread cannot be stopped, let it end first
-                    await asyncio.wait({work})
+                    # stopping: the thread cannot be stopped, let it end first (a
+                    # second cancel, the service's last, must not cut this short)
+                    while not work.done():
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.wait({work})
                     raise
         except Exception as exc:  # never stops the stream: tried again later
             state.rows_waiting += rows
