@@ -338,7 +338,6 @@ class Service:
                 self.scheduler,
                 self.metrics,
                 frontier=self.frontier,
-                ready=lambda name: self.frontier(name) is not None,
             )
             self.shapeset.scheduler, self.shapeset.spark = self.scheduler, self.spark
             tables = await self.shapeset.start()

@@ -205,14 +205,16 @@ def _current_start(
         if retained is None:
             return None  # the changelog is whole: fold it
         older = [
-            p for p in table.points() if p.generation == generation and retained <= p.lsn <= as_of
+            p
+            for p in table.points()
+            if p.folds(generation, changelog_id) and retained <= p.lsn <= as_of
         ]
         if older:
             best = max(older, key=lambda p: p.lsn)
             return best.version, best.lsn
     elif retained is None:
-        return None
-    oldest = retained if retained is not None else 0
+        return None  # no current table of this changelog: fold the whole changelog
+    oldest = retained  # (every way here has dropped history)
     raise SinkError(
         f"cannot read shape '{shape}' as of "
         f"{format_lsn(as_of) if as_of is not None else 'now'}: changelog retention "

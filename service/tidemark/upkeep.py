@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from tidemark.sink import current
+from tidemark.writers.job import default_parallelism
 
 if TYPE_CHECKING:
     from tidemark.config import Settings
@@ -53,7 +55,10 @@ class _Shape:
     folded_lsn: int | None = None
     failed_at: float | None = None
     was_backfilling: bool = False
-    force: bool = False  # refresh at the first chance
+
+    def unfolded_for(self, now: float) -> float | None:
+        """How long the oldest unfolded commit has waited (None: nothing waits)."""
+        return None if self.unfolded_since is None else max(0.0, now - self.unfolded_since)
 
 
 class CurrentKeeper:
@@ -65,15 +70,13 @@ class CurrentKeeper:
         metrics: Metrics,
         *,
         frontier: Callable[[str], int | None],
-        ready: Callable[[str], bool],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.spark = spark
         self.scheduler = scheduler
         self.metrics = metrics
-        self.frontier = frontier
-        self.ready = ready
+        self.frontier = frontier  # None while the shape is not ready
         self.clock = clock
         self.shapes: dict[str, _Shape] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -127,12 +130,12 @@ class CurrentKeeper:
 
     def shapes_waiting(self) -> list[str]:
         """Shapes with committed rows not folded into their current table yet."""
-        return [n for n, s in self.shapes.items() if s.rows_waiting or s.force]
+        return [n for n, s in self.shapes.items() if s.rows_waiting]
 
     def due(self, name: str, now: float) -> bool:
         cfg = self.settings.current
         writer = self.scheduler.writers.get(name)
-        if writer is None or not self.ready(name):
+        if writer is None or self.frontier(name) is None:
             return False
         state = self.track(name)
         backfilling = bool(writer.backfill)
@@ -146,7 +149,7 @@ class CurrentKeeper:
             return False
         if state.failed_at is not None and now - state.failed_at < RETRY_AFTER_S:
             return False
-        if state.force or state.rows_waiting >= cfg.refresh_rows:
+        if state.rows_waiting >= cfg.refresh_rows:
             return True
         return state.rows_waiting > 0 and now - state.refreshed_at >= cfg.refresh_s
 
@@ -180,7 +183,7 @@ class CurrentKeeper:
                         self.root,
                         name,
                         buckets=self.settings.current.buckets,
-                        parallelism=_parallelism(self.spark),
+                        parallelism=default_parallelism(self.spark),
                     )
                 )
                 try:
@@ -193,12 +196,9 @@ class CurrentKeeper:
                             await asyncio.wait({work})
                     raise
         except Exception as exc:  # never stops the stream: tried again later
-            state.rows_waiting += rows
-            state.unfolded_since = (
-                since
-                if state.unfolded_since is None
-                else min(since or state.unfolded_since, state.unfolded_since)
-            )
+            state.rows_waiting += rows  # with what was committed meanwhile
+            waiting = [t for t in (since, state.unfolded_since) if t is not None]
+            state.unfolded_since = min(waiting, default=None)
             state.failed_at = self.clock()
             self.metrics.current_refresh_failures.labels(name).inc()
             log.warning(
@@ -209,7 +209,6 @@ class CurrentKeeper:
             )
             return None
         state.failed_at = None
-        state.force = False
         state.refreshed_at = self.clock()
         state.folded_lsn = result.lsn
         if not result.skipped:
@@ -224,8 +223,7 @@ class CurrentKeeper:
             frontier = self.frontier(name)
             if frontier is not None and state.folded_lsn is not None:
                 self.metrics.current_lag_bytes.labels(name).set(max(0, frontier - state.folded_lsn))
-            since = state.unfolded_since
-            self.metrics.current_lag_seconds.labels(name).set(0 if since is None else now - since)
+            self.metrics.current_lag_seconds.labels(name).set(state.unfolded_for(now) or 0.0)
 
     # -- hourly upkeep ------------------------------------------------------------------
 
@@ -259,16 +257,8 @@ class CurrentKeeper:
 
 
 def clear_staging(root: str | Path, shapes: list[str]) -> None:
-    import shutil
-
     for name in shapes:
         shutil.rmtree(current.current_path(root, name) / current.STAGING_DIR, ignore_errors=True)
-
-
-def _parallelism(spark: Any) -> int:
-    from tidemark.writers.job import default_parallelism
-
-    return default_parallelism(spark)
 
 
 def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
@@ -285,10 +275,10 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
         generation = changelog.generation() if changelog.exists() else 0
         retained = changelog.retained_lsn(generation) if changelog.exists() else None
         hours = current.current_vacuum_hours(points, retained, floor_hours, int(time.time() * 1000))
-        table.table().vacuum(
-            retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True
-        )
-        DeltaTable(table.uri).cleanup_metadata()
+        dt = table.table()
+        dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True)
+        dt.update_incremental()  # (the vacuum's own commits)
+        dt.cleanup_metadata()
     if changelog.exists():
         DeltaTable(changelog.uri).cleanup_metadata()
 

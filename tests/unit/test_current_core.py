@@ -12,6 +12,7 @@ import pytest
 from tidemark.config import Settings
 from tidemark.observability import Metrics
 from tidemark.sink.current import (
+    ChangelogFile,
     ChangelogView,
     RefreshPoint,
     bucket_dir,
@@ -27,9 +28,7 @@ HOUR_MS = 3_600_000
 
 
 def point(lsn: int, at_ms: int, generation: int = 1) -> RefreshPoint:
-    return RefreshPoint(
-        version=lsn, lsn=lsn, generation=generation, buckets=16, refreshes=1, timestamp_ms=at_ms
-    )
+    return RefreshPoint(version=lsn, lsn=lsn, generation=generation, buckets=16, timestamp_ms=at_ms)
 
 
 def test_a_file_belongs_to_the_bucket_its_folder_names() -> None:
@@ -73,7 +72,10 @@ def test_the_tail_is_every_file_that_reaches_past_the_lsn() -> None:
         "table-id",
         pa.schema([]),
         ["id"],
-        [("a", 1, 10, 5), ("b", 11, 20, 7), ("c", None, None, 2)],
+        [
+            ChangelogFile(name, name, 100, lo, hi, rows)
+            for name, lo, hi, rows in [("a", 1, 10, 5), ("b", 11, 20, 7), ("c", None, None, 2)]
+        ],
     )
     assert view.max_lsn == 20
     assert view.files_after(10) == ["b", "c"]  # "c" has no statistics: read it
@@ -98,8 +100,7 @@ def keeper(**current: Any) -> tuple[CurrentKeeper, dict[str, FakeWriter], dict[s
         None,
         scheduler,
         Metrics(),  # type: ignore[arg-type]
-        frontier=lambda n: 0,
-        ready=lambda n: ready[n],
+        frontier=lambda n: 0 if ready[n] else None,  # no frontier: not ready
         clock=lambda: 0.0,  # tracking starts at 0; the tests pass `now` to due()
     )
     return k, writers, ready

@@ -133,12 +133,11 @@ def current_json(service: Service, name: str, frontier: int | None) -> dict[str,
         return None
     state = keeper.shapes.get(name)
     folded = None if state is None else state.folded_lsn
+    waited = None if state is None else state.unfolded_for(time.time())
     return {
         "folded": lsn_json(folded),
         "lag_bytes": None if folded is None or frontier is None else max(0, frontier - folded),
-        "lag_s": None
-        if state is None or state.unfolded_since is None
-        else round(max(0.0, time.time() - state.unfolded_since), 1),
+        "lag_s": None if waited is None else round(waited, 1),
         "rows_waiting": 0 if state is None else state.rows_waiting,
     }
 

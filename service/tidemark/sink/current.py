@@ -17,8 +17,9 @@ in, folds them onto those buckets' rows (``tidemark.read.fold_onto``: the same f
 as ``read.fold``, TOAST carry included) and writes only those buckets again: one
 Delta commit removes their old files and adds the new ones. A truncate in the tail
 rewrites every bucket. A changelog rebuilt from a snapshot since (a resync: the
-changelog's *generation* moved on), or another bucket count, rebuilds the table from
-the whole changelog in one overwrite commit.
+changelog's *generation* moved on) rebuilds the table from the whole changelog;
+another bucket count or new columns rewrite every bucket from the table's rows and
+the tail; each in one overwrite commit.
 
 What a refresh commit records (``commitInfo``, readable by any Delta reader with the
 table's history): ``tidemark.lsn`` (the changelog is folded through this LSN),
@@ -47,11 +48,11 @@ from typing import Any
 import pyarrow as pa
 import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import RemoveAction
 
 from tidemark.errors import SinkError
 from tidemark.sink.schema import LSN, METADATA_NAMES, primary_key_of, spark_schema, with_primary_key
-from tidemark.sink.table import DataFile, ShapeTable, _file_stats
+from tidemark.sink.table import DataFile, ShapeTable, describe_file
 
 log = structlog.get_logger("tidemark.current")
 
@@ -96,7 +97,6 @@ class RefreshPoint:
     lsn: int
     generation: int
     buckets: int
-    refreshes: int  # how many refreshes the table has had
     timestamp_ms: int
     changelog_id: str = ""  # the changelog's Delta table id (a table made again differs)
 
@@ -127,7 +127,6 @@ def _point(entry: dict[str, Any]) -> RefreshPoint | None:
         int(entry["tidemark.lsn"]),
         int(entry.get("tidemark.generation", 0)),
         int(entry.get("tidemark.buckets", DEFAULT_BUCKETS)),
-        int(entry.get("tidemark.refreshes", 0)),
         int(entry.get("timestamp", 0)),
         str(entry.get("tidemark.changelogId", "")),
     )
@@ -137,7 +136,6 @@ class CurrentTable:
     """The current-state Delta table of one shape."""
 
     def __init__(self, root: str | Path, shape: str) -> None:
-        self.root = Path(root)
         self.shape = shape
         self.path = current_path(root, shape)
         self.uri = str(self.path)
@@ -184,17 +182,22 @@ class CurrentTable:
     def file_uris(self, version: int | None = None) -> list[str]:
         return list(self.table(version).file_uris())
 
-    def arrow_schema(self) -> pa.Schema:
-        return pa.schema(self.table().schema().to_arrow())
-
-    def file_at(self, rel: str) -> DataFile:
-        path = self.path / rel
-        st = path.stat()
-        rows, stats = _file_stats(path)
-        return DataFile(rel, st.st_size, rows, int(st.st_mtime * 1000), stats)
-
 
 # -- the changelog side -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChangelogFile:
+    path: str  # relative to the table folder, as the Delta log has it
+    uri: str
+    size: int
+    min_lsn: int | None  # None: no statistics
+    max_lsn: int | None
+    rows: int
+
+    def reaches_past(self, lsn: int | None) -> bool:
+        """Whether it may hold rows with ``_lsn > lsn`` (without statistics: yes)."""
+        return lsn is None or self.max_lsn is None or self.max_lsn > lsn
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,20 +209,20 @@ class ChangelogView:
     table_id: str
     schema: pa.Schema
     primary_key: list[str]
-    files: list[tuple[str, int | None, int | None, int]]  # uri, min _lsn, max _lsn, rows
+    files: list[ChangelogFile]
 
     @property
     def max_lsn(self) -> int | None:
-        highs = [hi for _, _, hi, _ in self.files if hi is not None]
+        highs = [f.max_lsn for f in self.files if f.max_lsn is not None]
         return max(highs) if highs else None
 
     def files_after(self, lsn: int | None) -> list[str]:
-        """The files that may hold rows with ``_lsn > lsn`` (all without statistics)."""
-        return [u for u, _, hi, _ in self.files if lsn is None or hi is None or hi > lsn]
+        """The files that may hold rows with ``_lsn > lsn``."""
+        return [f.uri for f in self.files if f.reaches_past(lsn)]
 
     def rows_after(self, lsn: int | None) -> int:
         """At most this many rows have ``_lsn > lsn`` (whole files counted)."""
-        return sum(n for _, _, hi, n in self.files if lsn is None or hi is None or hi > lsn)
+        return sum(f.rows for f in self.files if f.reaches_past(lsn))
 
 
 def changelog_view(table: ShapeTable) -> ChangelogView:
@@ -235,10 +238,11 @@ def changelog_view(table: ShapeTable) -> ChangelogView:
     highs = (
         actions.column(f"max.{LSN}").to_pylist() if f"max.{LSN}" in names else [None] * len(paths)
     )
+    sizes = actions.column("size_bytes").to_pylist()
     rows = actions.column("num_records").to_pylist()
     files = [
-        (p if "://" in p or p.startswith("/") else base + p, lo, hi, int(n or 0))
-        for p, lo, hi, n in zip(paths, lows, highs, rows, strict=True)
+        ChangelogFile(p, p if "://" in p or p.startswith("/") else base + p, s, lo, hi, int(n or 0))
+        for p, s, lo, hi, n in zip(paths, sizes, lows, highs, rows, strict=True)
     ]
     key = primary_key_of(schema) or table.primary_key()
     return ChangelogView(
@@ -361,13 +365,11 @@ def refresh(
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     removed = [(p, n) for b in touched for p, n in old.get(b, [])] + old.get(-1, [])
-    refreshes = (point.refreshes if point else 0) + 1
     metadata = {
         "tidemark.lsn": str(upto),
         "tidemark.generation": str(view.generation),
         "tidemark.changelogId": view.table_id,
         "tidemark.buckets": str(buckets),
-        "tidemark.refreshes": str(refreshes),
         "tidemark.changelogVersion": str(view.version),
         "tidemark.bucketsWritten": str(len(touched)),
         "tidemark.rows": str(sum(f.num_rows for f in added)),
@@ -415,7 +417,7 @@ def _adopt_buckets(table: CurrentTable, staging: Path, touched: set[int]) -> lis
                 continue
             rel = f"{bucket_dir(b)}/{uuid.uuid4()}.parquet"
             os.rename(entry.path, table.path / rel)
-            data = table.file_at(rel)
+            data = describe_file(table.path, rel)
             if data.num_rows:
                 added.append(data)
     return added
@@ -437,7 +439,7 @@ def _commit(
         custom_metadata=metadata,
         app_transactions=[Transaction(table.app_id, int(metadata["tidemark.lsn"]))],
     )
-    adds = [AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in added]
+    adds = [f.add_action() for f in added]
     if dt is None:
         table.path.mkdir(parents=True, exist_ok=True)
         description = json.dumps({"tidemark": {"current_of": table.shape}}, sort_keys=True)
@@ -507,27 +509,24 @@ def compact_changelog(
     done = changelog.retained_lsn(view.generation)
     if boundary is None or (done is not None and boundary <= done):
         return None
-    base = changelog.uri.rstrip("/") + "/"
-    old = [(u, lo, n) for u, lo, _, n in view.files if lo is None or lo <= boundary]
-    rel_of = {u: u[len(base) :] if u.startswith(base) else u for u, _, _ in old}
-    sizes = dict(changelog.active_files_with_sizes())
+    old = [f for f in view.files if f.min_lsn is None or f.min_lsn <= boundary]
+    rows_before = sum(f.rows for f in old)
     added: list[DataFile] = []
     if old:
-        rows_before = sum(n for _, _, n in old)
-        frame = spark.read.schema(spark_schema(view.schema)).parquet(*[u for u, _, _ in old])
+        frame = spark.read.schema(spark_schema(view.schema)).parquet(*[f.uri for f in old])
         rel, folder = changelog.new_batch_dir()
         files = max(1, -(-rows_before // 2_000_000))
         frame.where(F.col(LSN) > F.lit(boundary)).coalesce(files).write.mode("append").parquet(
             str(folder)
         )
         added = changelog.files_in(rel) if folder.is_dir() else []
-    removed = [(rel_of[u], sizes.get(rel_of[u], 0)) for u, _, _ in old]
+    removed = [(f.path, f.size) for f in old]
     try:
         changelog.retention_commit(removed, added, boundary)
     except Exception:
         changelog.delete_files(added)
         raise
-    dropped = sum(n for _, _, n in old) - sum(f.num_rows for f in added)
+    dropped = rows_before - sum(f.num_rows for f in added)
     log.info(
         "changelog.retained",
         shape=shape,

@@ -88,6 +88,18 @@ class DataFile:
     modification_time_ms: int
     stats: str  # Delta statistics JSON
 
+    def add_action(self) -> AddAction:
+        return AddAction(self.path, self.size, {}, self.modification_time_ms, True, self.stats)
+
+
+def describe_file(table_root: Path, rel_path: str) -> DataFile:
+    """A Parquet file at ``rel_path`` under a table's folder, described for a commit
+    (size, time, row count and ``_lsn``/``_op`` statistics from its footer)."""
+    path = table_root / rel_path
+    st = path.stat()
+    rows, stats = _file_stats(path)
+    return DataFile(rel_path, st.st_size, rows, int(st.st_mtime * 1000), stats)
+
 
 def tables_dir(root: str | Path) -> Path:
     return Path(root) / "tables"
@@ -188,37 +200,30 @@ class ShapeTable:
 
     def committed_lsn(self) -> int | None:
         """The end LSN of the last committed batch (the shape's committed offset)."""
-        if not self.exists():
-            return None
-        with self._lock:
-            dt = self.table()
-            dt.update_incremental()
-            return dt.transaction_version(self.app_id)
+        return self._app_version(self.app_id)
 
     def generation(self, dt: DeltaTable | None = None) -> int:
         """How many times the table was rebuilt from a snapshot (a backfill or resync
         commit counts one up): a current-state table folded from an older generation
         is rebuilt (``tidemark.sink.current``). 0 for tables made before it was kept."""
-        if dt is None:
-            if not self.exists():
-                return 0
-            with self._lock:
-                dt = self.table()
-                dt.update_incremental()
-                return dt.transaction_version(GENERATION_PREFIX + self.shape) or 0
-        return dt.transaction_version(GENERATION_PREFIX + self.shape) or 0
+        return self._app_version(GENERATION_PREFIX + self.shape, dt) or 0
 
     def retained_lsn(self, generation: int, dt: DeltaTable | None = None) -> int | None:
         """Rows with ``_lsn`` at or below this were dropped by changelog retention
         (``compact_changelog``) in this generation; None: the history is whole."""
-        if dt is None:
-            if not self.exists():
-                return None
-            with self._lock:
-                dt = self.table()
-                dt.update_incremental()
-                return dt.transaction_version(f"{RETAINED_PREFIX}{self.shape}@{generation}")
-        return dt.transaction_version(f"{RETAINED_PREFIX}{self.shape}@{generation}")
+        return self._app_version(f"{RETAINED_PREFIX}{self.shape}@{generation}", dt)
+
+    def _app_version(self, app_id: str, dt: DeltaTable | None = None) -> int | None:
+        """The version of an application transaction, in ``dt`` (a pinned version) or
+        in the table as it is now (None: no table, or never set)."""
+        if dt is not None:
+            return dt.transaction_version(app_id)
+        if not self.exists():
+            return None
+        with self._lock:
+            dt = self.table()
+            dt.update_incremental()
+            return dt.transaction_version(app_id)
 
     def op_type(self) -> pa.DataType | None:
         """The type of the table's ``_op`` column (None: no table yet)."""
@@ -305,10 +310,7 @@ class ShapeTable:
 
     def file_at(self, rel_path: str) -> DataFile:
         """A Parquet file of this table folder, described for a commit."""
-        path = self.path / rel_path
-        st = path.stat()
-        rows, stats = _file_stats(path)
-        return DataFile(rel_path, st.st_size, rows, int(st.st_mtime * 1000), stats)
+        return describe_file(self.path, rel_path)
 
     def files_in(self, rel_dir: str) -> list[DataFile]:
         """The Parquet files Spark wrote under ``rel_dir``; Spark's .crc files removed."""
@@ -454,7 +456,7 @@ class ShapeTable:
         """One Delta commit: remove, add ``files``, tag ``(app_id, app_version)`` and
         the ``extra`` application transactions; with ``schema``, an overwrite that
         replaces every file and the schema."""
-        adds = [AddAction(f.path, f.size, {}, f.modification_time_ms, True, f.stats) for f in files]
+        adds = [f.add_action() for f in files]
         custom = {"tidemark.rows": str(sum(f.num_rows for f in files))}
         custom |= {k: str(v) for k, v in metadata.items()}
         dt.create_write_transaction(
