@@ -151,6 +151,12 @@ class CurrentSettings(_Section):
     buckets: int = Field(
         default=16, ge=1, le=4096, description="files per table (by a hash of the key)"
     )
+    small_table_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=0,
+        description="a table (with the rows waiting) at most this big is one file, "
+        "refreshed together with other such shapes in one Spark job (0: never)",
+    )
 
 
 class SparkSettings(_Section):

@@ -5,9 +5,10 @@
 its last refresh and rows were committed since (a backfill's or resync's snapshot
 counts: the table is then built or rebuilt from it; so does a shape's first
 ``refresh_s`` after start, to find out), or when ``refresh_rows`` rows wait to be
-folded. Refreshes run one at a time, in the scheduler's
-backfill slot: only while no stream flush waits for Spark, so the stream goes
-first; they read committed changelog files and never hold a flush or the
+folded. The shapes due at one moment are refreshed in one go
+(``current.refresh_many``: the small ones in one Spark job per column layout), in
+the scheduler's backfill slot: only while no stream flush waits for Spark, so the
+stream goes first; they read committed changelog files and never hold a flush or the
 acknowledgement. A shape that is not ready (its backfill has not committed) is not
 refreshed: its changelog is not a whole state yet.
 
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from tidemark.errors import SinkError
 from tidemark.sink import current
 from tidemark.writers.job import default_parallelism
 
@@ -162,32 +164,41 @@ class CurrentKeeper:
             self.track(name)
         while True:
             now = self.clock()
-            for name in list(self.scheduler.writers):
-                if self.due(name, now):
-                    await self.refresh(name)
-                    now = self.clock()
+            due = [name for name in list(self.scheduler.writers) if self.due(name, now)]
+            if due:
+                await self.refresh(*due)
             self.update_gauges()
             await asyncio.sleep(TICK_S)
 
-    async def refresh(self, name: str) -> current.RefreshResult | None:
-        state = self.track(name)
-        rows, since = state.rows_waiting, state.unfolded_since
-        state.rows_waiting, state.unfolded_since = 0, None
-        started = self.clock()
+    async def refresh(self, *names: str) -> dict[str, current.RefreshResult | None]:
+        """Refresh these shapes' current tables (small ones in one Spark job,
+        ``current.refresh_many``); each shape's result, None where it failed (tried
+        again after ``RETRY_AFTER_S``)."""
+        taken = {}
+        for name in names:
+            state = self.track(name)
+            taken[name] = (state.rows_waiting, state.unfolded_since)
+            state.rows_waiting, state.unfolded_since = 0, None
+        cfg = self.settings.current
+        outcomes: dict[str, current.RefreshResult | Exception]
         try:
-            async with self.lock(name), self.scheduler.backfill_slot():
+            async with contextlib.AsyncExitStack() as held:
+                for name in sorted(names):
+                    await held.enter_async_context(self.lock(name))
+                await held.enter_async_context(self.scheduler.backfill_slot())
                 work = asyncio.ensure_future(
                     asyncio.to_thread(
-                        current.refresh,
+                        current.refresh_many,
                         self.spark,
                         self.root,
-                        name,
-                        buckets=self.settings.current.buckets,
+                        list(names),
+                        buckets=cfg.buckets,
                         parallelism=default_parallelism(self.spark),
+                        small_bytes=cfg.small_table_bytes,
                     )
                 )
                 try:
-                    result = await asyncio.shield(work)
+                    outcomes = await asyncio.shield(work)
                 except asyncio.CancelledError:
                     # stopping: the thread cannot be stopped, let it end first (a
                     # second cancel, the service's last, must not cut this short)
@@ -196,6 +207,25 @@ class CurrentKeeper:
                             await asyncio.wait({work})
                     raise
         except Exception as exc:  # never stops the stream: tried again later
+            outcomes = dict.fromkeys(names, exc)
+        results: dict[str, current.RefreshResult | None] = {}
+        for name in names:
+            outcome = outcomes.get(name) or SinkError(f"shape '{name}': no refresh outcome")
+            results[name] = self._refreshed(name, outcome, taken[name])
+        for name, result in results.items():
+            if result is not None and not result.skipped:
+                await asyncio.to_thread(self.measure, name)
+        return results
+
+    def _refreshed(
+        self,
+        name: str,
+        outcome: current.RefreshResult | Exception,
+        taken: tuple[int, float | None],
+    ) -> current.RefreshResult | None:
+        state = self.track(name)
+        if isinstance(outcome, Exception):
+            rows, since = taken
             state.rows_waiting += rows  # with what was committed meanwhile
             waiting = [t for t in (since, state.unfolded_since) if t is not None]
             state.unfolded_since = min(waiting, default=None)
@@ -204,18 +234,17 @@ class CurrentKeeper:
             log.warning(
                 "current.refresh_failed",
                 shape=name,
-                error=f"{type(exc).__name__}: {exc}",
-                exc_info=exc,
+                error=f"{type(outcome).__name__}: {outcome}",
+                exc_info=outcome,
             )
             return None
         state.failed_at = None
         state.refreshed_at = self.clock()
-        state.folded_lsn = result.lsn
-        if not result.skipped:
+        state.folded_lsn = outcome.lsn
+        if not outcome.skipped:
             self.metrics.current_refreshes.labels(name).inc()
-            self.metrics.current_refresh_seconds.labels(name).inc(self.clock() - started)
-            await asyncio.to_thread(self.measure, name)
-        return result
+            self.metrics.current_refresh_seconds.labels(name).inc(outcome.seconds)
+        return outcome
 
     def update_gauges(self) -> None:
         now = time.time()

@@ -4,8 +4,9 @@ suite's process and its classic session). Prints one JSON line.
 
 ``fold URL ROOT DSN TRUTH_JSON``: every shape folded through Connect
 (``tidemark.read``), compared with its query on Postgres (``compare_shape``); then
-each shape's current-state table refreshed through Connect and read back with
-deltalake alone, compared with the same query.
+each shape's current-state table refreshed through Connect (in 4 buckets, one shape
+at a time; then all shapes as one file each, in one job per column layout) and read
+back with deltalake alone, compared with the same query.
 
 ``write URL ROOT ROWS``: a batch of ROWS rows, tens of MB of Arrow, written through
 Connect by ``write_arrow`` into a new shape table ``big`` and committed.
@@ -38,17 +39,38 @@ def fold(url: str, root: str, dsn: str, truth: dict[str, str]) -> dict[str, obje
             shape: refreshed_equals(spark, root, shape, query, dsn)
             for shape, query in truth.items()
         },
+        "current_together": refreshed_together(spark, root, dsn, truth),
+    }
+
+
+def refreshed_together(
+    spark: object, root: str, dsn: str, truth: dict[str, str]
+) -> dict[str, object]:
+    from tidemark.sink import current
+
+    done = current.refresh_many(spark, root, list(truth), buckets=4)
+    return {
+        shape: repr(done[shape])
+        if isinstance(done[shape], Exception) or done[shape].buckets_written != 1  # type: ignore[union-attr]
+        else read_equals(root, shape, query, dsn)
+        for shape, query in truth.items()
     }
 
 
 def refreshed_equals(spark: object, root: str, shape: str, query: str, dsn: str) -> bool:
+    from tidemark.sink import current
+
+    current.refresh(spark, root, shape, buckets=4)
+    return read_equals(root, shape, query, dsn)
+
+
+def read_equals(root: str, shape: str, query: str, dsn: str) -> bool:
     import psycopg
     from deltalake import DeltaTable
 
     from tidemark.sink import current
     from tidemark.verify import normalise
 
-    current.refresh(spark, root, shape, buckets=4)
     rows = DeltaTable(str(current.current_path(root, shape))).to_pyarrow_table().to_pylist()
     got = sorted((tuple(normalise(v) for c, v in r.items() if c != "_lsn") for r in rows), key=repr)
     with psycopg.connect(dsn) as conn:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tidemark import read
@@ -40,11 +40,18 @@ change = st.tuples(
     st.integers(0, 7),
     st.text(alphabet="xyz", max_size=2) | st.none(),
 )
+SHAPES = ["s", "t"]  # two shapes of one layout, so batched refreshes fold both at once
+shape = st.sampled_from(SHAPES)
 step = st.one_of(
-    st.tuples(st.just("txn"), st.lists(change, min_size=1, max_size=6)),
-    st.tuples(st.just("refresh"), st.sampled_from([2, 4])),
-    st.tuples(st.just("resync"), st.none()),
-    st.tuples(st.just("retain"), st.none()),
+    st.tuples(st.just("txn"), shape, st.lists(change, min_size=1, max_size=6)),
+    st.tuples(st.just("refresh"), shape, st.sampled_from([2, 4])),
+    # refresh_many of both: as one file in one job (small), bucketed one by one (0), or
+    # whichever each one's size says (a few kB)
+    st.tuples(
+        st.just("refresh_many"), st.none(), st.sampled_from([current.SMALL_TABLE_BYTES, 0, 3000])
+    ),
+    st.tuples(st.just("resync"), shape, st.none()),
+    st.tuples(st.just("retain"), shape, st.none()),
 )
 
 State = dict[int, tuple[str | None, str | None]]
@@ -53,10 +60,11 @@ State = dict[int, tuple[str | None, str | None]]
 class Lake:
     """One shape's changelog, written commit by commit, and the source it follows."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, name: str = "s") -> None:
         self.root = root
-        self.table = ShapeTable(root, "s")
-        self.table.create(SCHEMA, ["id"], {"name": "s"})
+        self.name = name
+        self.table = ShapeTable(root, name)
+        self.table.create(SCHEMA, ["id"], {"name": name})
         self.lsn = 100
         self.source: State = {}
         self.history: list[tuple[int, State]] = [(0, {})]  # (lsn, state after it)
@@ -145,17 +153,17 @@ def as_state(rows: list[dict[str, Any]]) -> State:
 
 
 def check(spark: Any, lake: Lake) -> None:
-    got = as_state([r.asDict() for r in read.current(spark, lake.root, "s").collect()])
-    assert got == lake.source
-    table = current.CurrentTable(lake.root, "s")
+    got = as_state([r.asDict() for r in read.current(spark, lake.root, lake.name).collect()])
+    assert got == lake.source, lake.name
+    table = current.CurrentTable(lake.root, lake.name)
     if table.exists():
         # any Delta reader: the rows, and the LSN the newest refresh commit records
         dt = DeltaTable(table.uri)
         lsn = next(int(e["tidemark.lsn"]) for e in dt.history() if "tidemark.lsn" in e)
-        assert dt.transaction_version("tidemark-current:s") == lsn
+        assert dt.transaction_version(f"tidemark-current:{lake.name}") == lsn
         plain = dt.to_pyarrow_table().to_pylist()
         if table.point() is not None and table.point().generation == lake.table.generation():
-            assert as_state(plain) == lake.state_at(lsn)
+            assert as_state(plain) == lake.state_at(lsn), lake.name
             assert {r["_lsn"] for r in plain} <= {at for at, _ in lake.history}
 
 
@@ -166,31 +174,50 @@ def check(spark: Any, lake: Lake) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(steps=st.lists(step, min_size=2, max_size=9), probe=st.integers(0, 10**6))
+# one job folds both shapes while one of them truncates: the other keeps its rows
+@example(
+    steps=[
+        ("txn", "s", [("insert", 1, 0, "a"), ("insert", 2, 0, "b")]),
+        ("txn", "t", [("insert", 1, 0, "c")]),
+        ("refresh_many", None, current.SMALL_TABLE_BYTES),
+        ("txn", "t", [("truncate", 0, 0, None), ("insert", 3, 0, "d")]),
+        ("txn", "s", [("update_toast", 2, 0, "e")]),
+        ("refresh_many", None, current.SMALL_TABLE_BYTES),
+    ],
+    probe=0,
+)
 def test_current_table_and_reads_equal_the_source_through_refreshes_resyncs_and_retention(
     spark: Any, tmp_path_factory: pytest.TempPathFactory, steps: list[Any], probe: int
 ) -> None:
-    lake = Lake(tmp_path_factory.mktemp("current"))
-    for kind, arg in [*steps, ("refresh", 4)]:
+    root = tmp_path_factory.mktemp("current")
+    lakes = {name: Lake(root, name) for name in SHAPES}
+    for kind, name, arg in [*steps, ("refresh", "s", 4), ("refresh_many", None, 0)]:
+        lake = lakes[name or "s"]
         if kind == "txn":
             lake.txn(arg)
         elif kind == "refresh":
-            current.refresh(spark, lake.root, "s", buckets=arg)
+            current.refresh(spark, root, name, buckets=arg)
+        elif kind == "refresh_many":
+            outcomes = current.refresh_many(spark, root, SHAPES, buckets=4, small_bytes=arg)
+            assert not [o for o in outcomes.values() if isinstance(o, Exception)], outcomes
         elif kind == "resync":
             lake.resync()
         elif kind == "retain":
-            done = current.compact_changelog(spark, lake.root, "s", 0, now_ms=FAR_FUTURE_MS)
+            done = current.compact_changelog(spark, root, name, 0, now_ms=FAR_FUTURE_MS)
             if done is not None:
                 lake.oldest_readable = max(lake.oldest_readable, done.retained_lsn)
                 kept = DeltaTable(lake.table.uri).to_pyarrow_table().column("_lsn").to_pylist()
                 assert all(v > done.retained_lsn for v in kept)
-        check(spark, lake)
+        for each in lakes.values():
+            check(spark, each)
     # as of an earlier commit: the state then, or refused once its history is gone
-    lsns = [at for at, _ in lake.history]
-    as_of = lsns[probe % len(lsns)]
-    if as_of < lake.oldest_readable:
-        if lake.table.retained_lsn(lake.table.generation()) is not None:
-            with pytest.raises(SinkError, match="Read as of"):
-                read.current(spark, lake.root, "s", as_of=as_of).collect()
-        return
-    rows = read.current(spark, lake.root, "s", as_of=as_of).collect()
-    assert as_state([r.asDict() for r in rows]) == lake.state_at(as_of)
+    for lake in lakes.values():
+        lsns = [at for at, _ in lake.history]
+        as_of = lsns[probe % len(lsns)]
+        if as_of < lake.oldest_readable:
+            if lake.table.retained_lsn(lake.table.generation()) is not None:
+                with pytest.raises(SinkError, match="Read as of"):
+                    read.current(spark, root, lake.name, as_of=as_of).collect()
+            continue
+        rows = read.current(spark, root, lake.name, as_of=as_of).collect()
+        assert as_state([r.asDict() for r in rows]) == lake.state_at(as_of), lake.name

@@ -96,6 +96,8 @@ async def test_mixed_workload_through_spark_connect_equals_postgres(
     assert out["shapes"]["rich"]["rows"] > 0
     # and each current-state table, refreshed through Connect, read plainly
     assert out["current"] == {shape: True for shape in TRUTH}, out["current"]
+    # and again, all shapes refreshed together (one file each, one job per layout)
+    assert out["current_together"] == {shape: True for shape in TRUTH}, out["current_together"]
 
 
 def test_a_batch_bigger_than_one_connect_job_is_written_whole(

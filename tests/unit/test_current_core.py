@@ -1,8 +1,10 @@
 """The pure parts of current-state tables: file layout, schema, retention boundary,
-vacuum horizon, and when the keeper refreshes a shape."""
+vacuum horizon, which tables are kept as one file and batched, and when the keeper
+refreshes a shape."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 
 from tidemark.config import Settings
 from tidemark.observability import Metrics
+from tidemark.sink import current
 from tidemark.sink.current import (
     ChangelogFile,
     ChangelogView,
@@ -142,3 +145,64 @@ def test_bucket_counts_are_bounded() -> None:
         Settings.model_validate({"current": {"buckets": 0}})
     assert Settings.model_validate({}).current.buckets == 16
     assert Settings.model_validate({}).sink.changelog_retention_hours is None
+
+
+def test_a_batched_refresh_tells_each_files_shape_from_its_path() -> None:
+    shape_in = re.compile(current._SHAPE_IN_PATH)
+    paths = {
+        "file:/srv/tables/lake/tables/g17/data/1f0c/part-00000-ab.c000.snappy.parquet": "g17",
+        "file:///srv/current/x/current/_orders_2/bucket-00000/9e1d.parquet": "_orders_2",
+        "/srv/lake/tables/s/data/u/part-0.parquet": "s",
+    }
+    for path, shape in paths.items():
+        found = shape_in.search(path)
+        assert found is not None and found.group(1) == shape, path
+    # only files laid out as tidemark writes them are batched (else: one by one)
+    assert current._CHANGELOG_FILE.fullmatch("data/1f0c/part-00000-ab.c000.snappy.parquet")
+    assert current._CURRENT_FILE.fullmatch("bucket-00003/9e1d.parquet")
+    for odd in ("part-0.parquet", "data/a/b/c.parquet", "bucket-3/x.parquet", "data/a/x.crc"):
+        assert not current._CHANGELOG_FILE.fullmatch(odd)
+        assert not current._CURRENT_FILE.fullmatch(odd)
+
+
+def small_plan(table_bytes: int, tail_bytes: int, buckets: int | None) -> Any:
+    view = ChangelogView(
+        3,
+        1,
+        "id",
+        pa.schema([]),
+        ["id"],
+        [
+            ChangelogFile("data/a/old.parquet", "", 10**9, 1, 10, 5),  # folded already
+            ChangelogFile("data/b/new.parquet", "", tail_bytes, 11, 20, 5),
+        ],
+    )
+    point = None if buckets is None else RefreshPoint(1, 10, 1, buckets, 0, "id")
+    return current._Plan(
+        table=None,  # type: ignore[arg-type]
+        changelog=None,  # type: ignore[arg-type]
+        view=view,
+        target=pa.schema([]),
+        dt=None,
+        point=point,
+        regenerate=point is None,
+        new_columns=False,
+        after=None if point is None else 10,
+        upto=20,
+        old={} if point is None else {0: [("bucket-00000/f.parquet", table_bytes)]},
+    )
+
+
+def test_a_table_is_one_file_while_it_and_its_tail_are_small() -> None:
+    mib = 1024 * 1024
+    assert current._is_small(small_plan(20 * mib, 10 * mib, 1), 32 * mib)
+    assert not current._is_small(small_plan(20 * mib, 13 * mib, 1), 32 * mib)
+    # a bucketed table goes back to one file only at half the size
+    assert not current._is_small(small_plan(10 * mib, 7 * mib, 16), 32 * mib)
+    assert current._is_small(small_plan(10 * mib, 6 * mib, 16), 32 * mib)
+    # a first refresh reads the whole changelog
+    assert not current._is_small(small_plan(0, 1, None), 32 * mib)
+    assert current._is_small(small_plan(0, 1, None), 2 * 10**9)
+    assert not current._is_small(small_plan(0, 0, 1), 0)  # 0: never
+    groups = current._by_bytes([small_plan(0, n * mib, 1) for n in (3, 3, 3, 1)], 7 * mib)
+    assert [len(g) for g in groups] == [2, 2]

@@ -21,6 +21,12 @@ changelog's *generation* moved on) rebuilds the table from the whole changelog;
 another bucket count or new columns rewrite every bucket from the table's rows and
 the tail; each in one overwrite commit.
 
+A small table (it and its tail at most ``small_table_bytes``) is one bucket, one file,
+rewritten whole by each refresh; ``refresh_many`` folds all such shapes of one column
+layout in one Spark job (the shape a column, read from each file's path), then
+commits each shape on its own. A Spark job costs about half a second whatever it
+writes, so the cost of many small shapes is one job, not one each.
+
 What a refresh commit records (``commitInfo``, readable by any Delta reader with the
 table's history): ``tidemark.lsn`` (the changelog is folded through this LSN),
 ``tidemark.generation`` (the changelog generation, see ``ShapeTable.generation``),
@@ -37,10 +43,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +59,14 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import RemoveAction
 
 from tidemark.errors import SinkError
-from tidemark.sink.schema import LSN, METADATA_NAMES, primary_key_of, spark_schema, with_primary_key
+from tidemark.sink.schema import (
+    LSN,
+    METADATA_NAMES,
+    OP,
+    primary_key_of,
+    spark_schema,
+    with_primary_key,
+)
 from tidemark.sink.table import DataFile, ShapeTable, describe_file
 
 log = structlog.get_logger("tidemark.current")
@@ -61,6 +76,18 @@ STAGING_DIR = "_staging"
 BUCKET_COLUMN = "_tm_bucket"
 DEFAULT_BUCKETS = 16
 HISTORY_PROBE = 20  # commits read back to find the newest refresh
+# A shape whose current table and changelog tail are at most this big is kept as one
+# file and refreshed together with the other such shapes in one Spark job (a Spark job
+# costs ~0.5 s however few rows it writes; 100 small shapes would cost 100 jobs).
+SMALL_TABLE_BYTES = 32 * 1024 * 1024
+BATCH_BYTES = 256 * 1024 * 1024  # at most this much read by one batched job
+COMMIT_THREADS = 8
+SHAPE_COLUMN = "_tm_shape"
+# where a batched job finds each row's shape: the files of a changelog and of a current
+# table, as tidemark lays them out (shape names are [a-z_][a-z0-9_]*)
+_CHANGELOG_FILE = re.compile(r"data/[^/]+/[^/]+\.parquet")
+_CURRENT_FILE = re.compile(r"bucket-[0-9]{5}/[^/]+\.parquet")
+_SHAPE_IN_PATH = r"/(?:tables|current)/([a-z_][a-z0-9_]*)/(?:data/[^/]+|bucket-[0-9]{5})/[^/]+$"
 
 
 def current_path(root: str | Path, shape: str) -> Path:
@@ -259,23 +286,40 @@ def bucket_column(primary_key: Sequence[str], buckets: int) -> Any:
     return F.pmod(F.hash(*[F.col(f"`{k}`") for k in primary_key]), F.lit(buckets))
 
 
-def refresh(
-    spark: Any,
-    root: str | Path,
-    shape: str,
-    *,
-    buckets: int = DEFAULT_BUCKETS,
-    parallelism: int = 2,
-) -> RefreshResult:
-    """Fold the changelog rows past the current table's LSN into it (see the module
-    docstring). Idempotent; safe while the shape's writer commits."""
-    from pyspark.sql import functions as F
+@dataclass(slots=True)
+class _Plan:
+    """What one shape's refresh starts from: the pinned changelog, the current table and
+    the range of changelog rows to fold into it."""
 
-    from tidemark.read import TRUNCATE, fold_onto, snapshot_rows
+    table: CurrentTable
+    changelog: ShapeTable
+    view: ChangelogView
+    target: pa.Schema
+    dt: DeltaTable | None
+    point: RefreshPoint | None
+    regenerate: bool  # no table of this changelog generation: fold the whole changelog
+    new_columns: bool  # the table's columns differ from the changelog's
+    after: int | None  # fold the rows with _lsn > after ...
+    upto: int  # ... and <= upto
+    old: dict[int, list[tuple[str, int]]]  # the table's files by bucket (-1: no bucket)
 
-    started = time.perf_counter()
-    if buckets < 1:
-        raise SinkError(f"current.buckets must be at least 1, not {buckets}")
+    @property
+    def tail_files(self) -> list[str]:
+        return self.view.files_after(self.after)
+
+    @property
+    def bytes(self) -> int:
+        """What a whole rewrite reads: the table's files and the changelog tail."""
+        kept = sum(size for files in self.old.values() for _, size in files)
+        return kept + sum(f.size for f in self.view.files if f.reaches_past(self.after))
+
+    def rebuilds(self, buckets: int) -> bool:
+        assert self.point is not None or self.regenerate
+        return self.regenerate or self.new_columns or self.point.buckets != buckets  # type: ignore[union-attr]
+
+
+def _plan(root: str | Path, shape: str) -> _Plan | RefreshResult:
+    """The shape's refresh plan, or the result of a refresh with nothing to do."""
     changelog = ShapeTable(root, shape)
     if not changelog.exists():
         return RefreshResult(shape, None, False, 0, 0, 0, 0, 0.0, skipped=True)
@@ -286,15 +330,11 @@ def refresh(
     if dt is None and not view.files:  # nothing committed yet: no table to make either
         return RefreshResult(shape, None, False, 0, 0, 0, 0, 0.0, skipped=True)
     point = table.point(dt) if dt is not None else None
-    # regenerate: no table for this changelog generation (new, or a resync since):
-    # fold the whole changelog. rebucket: another bucket count or new columns: every
-    # bucket is written again from the table's rows and the tail.
     regenerate = point is None or not point.folds(view.generation, view.table_id)
-    rebucket = not regenerate and (
-        point.buckets != buckets  # type: ignore[union-attr]
-        or _needs_replacement(pa.schema(dt.schema().to_arrow()), target)  # type: ignore[union-attr]
+    new_columns = not regenerate and _needs_replacement(
+        pa.schema(dt.schema().to_arrow()),  # type: ignore[union-attr]
+        target,
     )
-    rebuild = regenerate or rebucket
     if regenerate and changelog.retained_lsn(view.generation) is not None:
         raise SinkError(
             f"shape '{shape}': changelog retention dropped rows of its changelog, and its "
@@ -303,25 +343,59 @@ def refresh(
         )
     # folded through the newest committed row (retention may have dropped them all)
     upto = max(view.max_lsn or 0, 0 if point is None or regenerate else point.lsn)
-    if not rebuild and point is not None and upto <= point.lsn:
-        return RefreshResult(shape, point.lsn, False, 0, 0, 0, 0, 0.0, skipped=True)
     after = None if regenerate or point is None else point.lsn
-    cl_schema = spark_schema(view.schema)
-    tail_files = view.files_after(after)
-    tail = (
-        spark.read.schema(cl_schema).parquet(*tail_files)
-        if tail_files
-        else spark.createDataFrame([], cl_schema)
+    old = {} if dt is None or regenerate else table.files_by_bucket(dt)
+    return _Plan(
+        table, changelog, view, target, dt, point, regenerate, new_columns, after, upto, old
     )
+
+
+def _current(plan: _Plan, buckets: int) -> bool:
+    """Whether the table already holds everything (and in this layout)."""
+    return not plan.rebuilds(buckets) and plan.point is not None and plan.upto <= plan.point.lsn
+
+
+def refresh(
+    spark: Any,
+    root: str | Path,
+    shape: str,
+    *,
+    buckets: int = DEFAULT_BUCKETS,
+    parallelism: int = 2,
+) -> RefreshResult:
+    """Fold the changelog rows past the current table's LSN into it (see the module
+    docstring), in ``buckets`` buckets. Idempotent; safe while the shape's writer
+    commits."""
+    started = time.perf_counter()
+    if buckets < 1:
+        raise SinkError(f"current.buckets must be at least 1, not {buckets}")
+    plan = _plan(root, shape)
+    if isinstance(plan, RefreshResult):
+        return plan
+    if _current(plan, buckets):
+        return RefreshResult(shape, plan.point.lsn, False, 0, 0, 0, 0, 0.0, skipped=True)  # type: ignore[union-attr]
+    return _refresh_bucketed(spark, plan, buckets, parallelism, started)
+
+
+def _refresh_bucketed(
+    spark: Any, plan: _Plan, buckets: int, parallelism: int, started: float
+) -> RefreshResult:
+    from pyspark.sql import functions as F
+
+    from tidemark.read import TRUNCATE, fold_onto, snapshot_rows
+
+    table, view, target, old = plan.table, plan.view, plan.target, plan.old
+    rebuild = plan.rebuilds(buckets)
+    after, upto = plan.after, plan.upto
+    tail = _tail_frame(spark, plan.view.schema, plan.tail_files)
     if after is not None:
         tail = tail.where(F.col(LSN) > F.lit(after))
     tail = tail.where(F.col(LSN) <= F.lit(upto))
     key = view.primary_key
     bucket = bucket_column(key, buckets)
-    old = {} if dt is None or regenerate else table.files_by_bucket(dt)
     if rebuild:
         touched = set(range(buckets))
-        truncated = regenerate
+        truncated = plan.regenerate
         rows_folded = view.rows_after(after)
         base_files = [f"{table.uri}/{p}" for files in old.values() for p, _ in files]
     else:
@@ -342,7 +416,7 @@ def refresh(
         base_files = [f"{table.uri}/{p}" for b in sorted(touched) for p, _ in old.get(b, [])]
         base_files += [f"{table.uri}/{p}" for p, _ in old.get(-1, [])]
     added: list[DataFile] = []
-    if touched and (tail_files or base_files):  # else: nothing to fold, no Spark job
+    if touched and (plan.tail_files or base_files):  # else: nothing to fold, no Spark job
         base = None
         if base_files and not truncated:
             base = snapshot_rows(
@@ -365,19 +439,208 @@ def refresh(
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     removed = [(p, n) for b in touched for p, n in old.get(b, [])] + old.get(-1, [])
+    return _finish(plan, buckets, touched, rows_folded, removed, added, rebuild, started)
+
+
+def refresh_many(
+    spark: Any,
+    root: str | Path,
+    shapes: Sequence[str],
+    *,
+    buckets: int = DEFAULT_BUCKETS,
+    parallelism: int = 2,
+    small_bytes: int = SMALL_TABLE_BYTES,
+) -> dict[str, RefreshResult | Exception]:
+    """Refresh several shapes' current tables; each shape's outcome (a failure of one
+    is its own). A shape whose table and tail are at most ``small_bytes`` is kept as
+    one file (one bucket) and refreshed together with the other such shapes of its
+    column layout: one Spark job for them all, a commit each. The others are refreshed
+    one by one in ``buckets`` buckets (``refresh``)."""
+    out: dict[str, RefreshResult | Exception] = {}
+    small: dict[tuple[str, str, tuple[str, ...]], list[_Plan]] = {}
+    big: list[_Plan] = []
+    for shape in dict.fromkeys(shapes):
+        try:
+            plan = _plan(root, shape)
+        except Exception as exc:
+            out[shape] = exc
+            continue
+        if isinstance(plan, RefreshResult):
+            out[shape] = plan
+        elif _is_small(plan, small_bytes):
+            if _current(plan, 1):
+                out[shape] = RefreshResult(shape, plan.upto, False, 0, 0, 0, 0, 0.0, skipped=True)
+                continue
+            layout = (str(plan.view.schema), str(plan.target), tuple(plan.view.primary_key))
+            small.setdefault(layout, []).append(plan)
+        elif _current(plan, buckets):
+            out[shape] = RefreshResult(shape, plan.upto, False, 0, 0, 0, 0, 0.0, skipped=True)
+        else:
+            big.append(plan)
+    for plans in small.values():
+        for group in _by_bytes(plans, BATCH_BYTES):
+            out.update(_refresh_together(spark, group, parallelism))
+    for plan in big:
+        try:
+            out[plan.table.shape] = _refresh_bucketed(
+                spark, plan, buckets, parallelism, time.perf_counter()
+            )
+        except Exception as exc:
+            out[plan.table.shape] = exc
+    return out
+
+
+def _is_small(plan: _Plan, small_bytes: int) -> bool:
+    """Whether the shape is kept as one file: its table and tail are small, and every
+    file is where the batched job can tell its shape from its path. A bucketed table
+    goes back to one file only at half the size (no rewrite back and forth)."""
+    if plan.point is not None and plan.point.buckets > 1 and not plan.regenerate:
+        small_bytes //= 2
+    if small_bytes <= 0 or plan.bytes > small_bytes:  # 0: never
+        return False
+    changelog_files = [f.path for f in plan.view.files if f.reaches_past(plan.after)]
+    table_files = [p for files in plan.old.values() for p, _ in files]
+    return all(_CHANGELOG_FILE.fullmatch(p) for p in changelog_files) and all(
+        _CURRENT_FILE.fullmatch(p) for p in table_files
+    )
+
+
+def _by_bytes(plans: list[_Plan], limit: int) -> list[list[_Plan]]:
+    groups: list[list[_Plan]] = [[]]
+    size = 0
+    for plan in plans:
+        if groups[-1] and size + plan.bytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(plan)
+        size += plan.bytes
+    return groups
+
+
+def _refresh_together(
+    spark: Any, plans: list[_Plan], parallelism: int
+) -> dict[str, RefreshResult | Exception]:
+    """One Spark job folds every plan's table and tail (a whole rewrite of each, kept as
+    one file), with the shape as a column; then each shape's commit."""
+    from pyspark.sql import functions as F
+
+    from tidemark.read import fold, snapshot_rows
+
+    started = time.perf_counter()
+    first = plans[0]
+    key = [SHAPE_COLUMN, *first.view.primary_key]
+    names = [plan.table.shape for plan in plans]
+    staging = first.table.path / STAGING_DIR / str(uuid.uuid4())
+    try:
+        # the shape of each row, from its file's path (every path checked by _is_small)
+        shape_of = F.regexp_extract(F.col("_metadata.file_path"), _SHAPE_IN_PATH, 1)
+        ranges = spark.createDataFrame(
+            [(p.table.shape, -1 if p.after is None else p.after, p.upto) for p in plans],
+            f"{SHAPE_COLUMN} string, __after long, __upto long",
+        )
+        tail_files = [f for plan in plans for f in plan.tail_files]
+        tail = _tail_frame(spark, first.view.schema, tail_files)
+        if tail_files:
+            tail = tail.withColumn(SHAPE_COLUMN, shape_of)
+        else:
+            tail = tail.withColumn(SHAPE_COLUMN, F.lit(None).cast("string"))
+        tail = (
+            tail.join(F.broadcast(ranges), SHAPE_COLUMN)
+            .where((F.col(LSN) > F.col("__after")) & (F.col(LSN) <= F.col("__upto")))
+            .drop("__after", "__upto")
+            .withColumn(OP, F.col(OP).cast("long"))
+        )
+        frame = tail
+        base_files = [
+            f"{p.table.uri}/{path}" for p in plans for files in p.old.values() for path, _ in files
+        ]
+        if base_files:
+            base = spark.read.schema(spark_schema(first.target)).parquet(*base_files)
+            base = snapshot_rows(base.withColumn(SHAPE_COLUMN, shape_of), tail.schema)
+            frame = base.unionByName(tail, allowMissingColumns=True)
+        state = fold(frame, key, scope=[SHAPE_COLUMN])
+        columns = [F.col(f"`{f.name}`") for f in first.target]
+        (
+            state.select(F.col(SHAPE_COLUMN), *columns)
+            .repartition(max(1, min(len(plans), parallelism)), SHAPE_COLUMN)
+            .write.partitionBy(SHAPE_COLUMN)
+            .mode("append")
+            .parquet(str(staging))
+        )
+        adopted = {
+            plan.table.shape: _adopt_files(
+                plan.table, staging / f"{SHAPE_COLUMN}={plan.table.shape}", 0
+            )
+            for plan in plans
+        }
+    except Exception as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        return dict.fromkeys(names, exc)
+    shutil.rmtree(staging, ignore_errors=True)
+
+    def commit(plan: _Plan) -> RefreshResult:
+        added = adopted[plan.table.shape]
+        removed = [(p, n) for files in plan.old.values() for p, n in files]
+        try:
+            return _finish(
+                plan,
+                1,
+                {0},
+                plan.view.rows_after(plan.after),
+                removed,
+                added,
+                plan.rebuilds(1),
+                started,
+            )
+        except Exception:
+            for data in added:  # never referenced by a commit
+                (plan.table.path / data.path).unlink(missing_ok=True)
+            raise
+
+    out: dict[str, RefreshResult | Exception] = {}
+    with ThreadPoolExecutor(
+        max_workers=COMMIT_THREADS, thread_name_prefix="current-commit"
+    ) as pool:
+        futures = {plan.table.shape: pool.submit(commit, plan) for plan in plans}
+        for shape, future in futures.items():
+            try:
+                out[shape] = future.result()
+            except Exception as exc:
+                out[shape] = exc
+    return out
+
+
+def _tail_frame(spark: Any, schema: pa.Schema, files: Sequence[str]) -> Any:
+    cl_schema = spark_schema(schema)
+    if not files:
+        return spark.createDataFrame([], cl_schema)
+    return spark.read.schema(cl_schema).parquet(*files)
+
+
+def _finish(
+    plan: _Plan,
+    buckets: int,
+    touched: set[int],
+    rows_folded: int,
+    removed: Sequence[tuple[str, int]],
+    added: Sequence[DataFile],
+    rebuild: bool,
+    started: float,
+) -> RefreshResult:
+    """Commit a refresh's files and report it."""
     metadata = {
-        "tidemark.lsn": str(upto),
-        "tidemark.generation": str(view.generation),
-        "tidemark.changelogId": view.table_id,
+        "tidemark.lsn": str(plan.upto),
+        "tidemark.generation": str(plan.view.generation),
+        "tidemark.changelogId": plan.view.table_id,
         "tidemark.buckets": str(buckets),
-        "tidemark.changelogVersion": str(view.version),
+        "tidemark.changelogVersion": str(plan.view.version),
         "tidemark.bucketsWritten": str(len(touched)),
         "tidemark.rows": str(sum(f.num_rows for f in added)),
     }
-    _commit(table, dt, removed, added, target, metadata, overwrite=rebuild)
+    _commit(plan.table, plan.dt, removed, added, plan.target, metadata, overwrite=rebuild)
     result = RefreshResult(
-        shape,
-        upto,
+        plan.table.shape,
+        plan.upto,
         rebuild,
         len(touched),
         rows_folded,
@@ -387,8 +650,8 @@ def refresh(
     )
     log.info(
         "current.refreshed",
-        shape=shape,
-        lsn=upto,
+        shape=plan.table.shape,
+        lsn=plan.upto,
         rebuilt=rebuild,
         buckets=len(touched),
         rows_folded=rows_folded,
@@ -407,19 +670,26 @@ def _adopt_buckets(table: CurrentTable, staging: Path, touched: set[int]) -> lis
     """Move each bucket's file Spark wrote into ``bucket-NNNNN/`` of the table."""
     added = []
     for b in sorted(touched):
-        folder = staging / f"{BUCKET_COLUMN}={b}"
-        if not folder.is_dir():
-            continue  # every row of the bucket is gone
-        target = table.path / bucket_dir(b)
-        target.mkdir(parents=True, exist_ok=True)
-        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-            if not entry.name.endswith(".parquet") or entry.name.startswith((".", "_")):
-                continue
-            rel = f"{bucket_dir(b)}/{uuid.uuid4()}.parquet"
-            os.rename(entry.path, table.path / rel)
-            data = describe_file(table.path, rel)
-            if data.num_rows:
-                added.append(data)
+        added += _adopt_files(table, staging / f"{BUCKET_COLUMN}={b}", b)
+    return added
+
+
+def _adopt_files(table: CurrentTable, folder: Path, bucket: int) -> list[DataFile]:
+    """Move the Parquet files Spark wrote into ``folder`` into the table's bucket
+    folder; no folder: every row of the bucket is gone."""
+    if not folder.is_dir():
+        return []
+    target = table.path / bucket_dir(bucket)
+    target.mkdir(parents=True, exist_ok=True)
+    added = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if not entry.name.endswith(".parquet") or entry.name.startswith((".", "_")):
+            continue
+        rel = f"{bucket_dir(bucket)}/{uuid.uuid4()}.parquet"
+        os.rename(entry.path, table.path / rel)
+        data = describe_file(table.path, rel)
+        if data.num_rows:
+            added.append(data)
     return added
 
 
