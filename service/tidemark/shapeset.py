@@ -491,6 +491,8 @@ class ShapeSet:
                 await self._rebind(status)
                 bound = status.bound
                 assert bound is not None
+                if writer.widen_op():  # a table made when _op was int32: int64 from now
+                    log.info("backfill.widens_op", shape=name)
                 replace = await asyncio.to_thread(
                     writer.table.needs_replacement, writer.schema, list(bound.primary_key)
                 )

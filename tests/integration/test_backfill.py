@@ -194,7 +194,7 @@ async def test_a_table_bigger_than_one_chunk_is_read_by_two_connections_at_once(
     assert ShapeTable(tmp_path, "high").op_type() == pa.int64()
 
 
-async def test_a_table_made_when_op_was_int32_keeps_it_and_stays_exact(
+async def test_a_table_made_when_op_was_int32_is_rewritten_with_int64_op_by_its_backfill(
     pg_db: PgDatabase, spark: Any, tmp_path: Path
 ) -> None:
     # given a shape table an earlier tidemark made, with an int32 _op
@@ -210,8 +210,9 @@ async def test_a_table_made_when_op_was_int32_keeps_it_and_stays_exact(
         pg_db.execute("insert into items select g, 75, 'late' from generate_series(5001, 5100) g")
         pg_db.execute("delete from items where id % 11 = 0")
         await wait_frontiers(service, current_lsn(pg_db.dsn))
-    # then the table keeps its int32 _op and equals Postgres
-    assert ShapeTable(tmp_path, "high").op_type() == pa.int32()
+    # then its backfill replaced the table's schema with an int64 _op (no 2^31 cap on
+    # its snapshots any more), and it equals Postgres
+    assert ShapeTable(tmp_path, "high").op_type() == pa.int64()
     result = compare_shape(spark, str(tmp_path), "high", HIGH, pg_db.dsn)
     assert result.equal, result.describe()
     assert keys_unique(tmp_path, "high")

@@ -309,5 +309,5 @@ def test_an_int32_op_table_refuses_a_snapshot_past_two_to_the_31_with_what_to_do
     text = pa.table({s.name: pa.array(["1", "2"]) for s in SPECS})
     ok = snapshot_table(schema, SPECS, text, 100, 2**31 - 2, "s")
     assert ok.column("_op").to_pylist() == [2**31 - 2, 2**31 - 1]
-    with pytest.raises(SinkError, match="add the shape again under a new name"):
+    with pytest.raises(SinkError, match="resync the shape"):
         snapshot_table(schema, SPECS, text, 100, 2**31 - 1, "s")

@@ -7,7 +7,8 @@ the shape declares (``amount::numeric(18,4)``). Every row also carries:
 * ``_lsn`` (int64): commit LSN of its transaction (snapshot rows: the snapshot's LSN);
 * ``_op`` (int64): its index inside the transaction (snapshot rows: inside the
   snapshot); ``(_lsn, _op)`` is unique. A table created when ``_op`` was int32 keeps
-  int32 (``table_schema(..., op_type)``): its backfills hold at most 2^31 rows;
+  int32 (``table_schema(..., op_type)``) until its next backfill or resync, which
+  rewrites it with an int64 ``_op`` (``ShapeWriter.widen_op``);
 * ``_kind`` (string): ``insert | update | delete | truncate | snapshot``;
 * ``_xid`` (int64): the source transaction id;
 * ``_commit_ts`` (timestamp, UTC): the source commit time;

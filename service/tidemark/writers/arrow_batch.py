@@ -94,8 +94,9 @@ def snapshot_table(
     if op_type == pa.int32() and first_op + n > 2**31:
         raise SinkError(
             f"shape '{shape}': its table was made by an earlier tidemark, whose _op column "
-            "(int32) holds at most 2^31 snapshot rows, and this snapshot has more: add the "
-            "shape again under a new name (its table gets an int64 _op) and remove this one"
+            "(int32) holds at most 2^31 snapshot rows, and this snapshot has more: resync "
+            "the shape (POST /shapes/{name}/resync), which rewrites its table with an int64 "
+            "_op"
         )
     arrays.append(pa.array(range(first_op, first_op + n), op_type))
     arrays.append(pa.array(["snapshot"] * n, pa.string()))

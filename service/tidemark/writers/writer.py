@@ -94,6 +94,16 @@ class ShapeWriter:
         self.columns = columns
         self.schema = table_schema(columns, self.op_type)
 
+    def widen_op(self) -> bool:
+        """An older table's int32 ``_op`` becomes int64 from the next backfill on (the
+        backfill then replaces the table's schema, as for a column type change: its
+        snapshot rewrites every file). True when it was int32."""
+        if self.op_type is None or not pa.types.is_int32(self.op_type):
+            return False
+        self.op_type = pa.int64()
+        self.schema = table_schema(self.columns, self.op_type)
+        return True
+
     # -- stream side ------------------------------------------------------------
 
     def begin_txn(self, lsn: int, xid: int, commit_ts: int) -> bool:
