@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -28,6 +27,7 @@ from tidemark.sink.table import table_path
 from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
+from .remote_service import start_service
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = [
@@ -118,16 +118,6 @@ class Sampler(threading.Thread):
                     for s in SHAPES
                 }
                 self.samples.append((confirmed, tables))
-
-
-def start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tidemark", "run"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(log, "ab"),
-    )
 
 
 def wait_streaming(port: int, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:

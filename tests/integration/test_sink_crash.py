@@ -7,6 +7,7 @@ or below the committed offset is missing."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from tidemark.embedded import die_with_parent
 from tidemark.sink.table import ShapeTable
 
 from .crash_writer import SHAPES, TXNS, expected_rows, lsn_of
@@ -32,6 +34,9 @@ def run_child(root: Path, kill_at: str | None, nth: int) -> list[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        # dies with this process, and its Spark JVM with it (which ends when its stdin
+        # closes): a killed test run leaves no writer behind to eat a core
+        preexec_fn=functools.partial(die_with_parent, signal.SIGKILL),
     )
     seen: list[str] = []
     assert proc.stdout is not None
