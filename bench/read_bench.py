@@ -12,6 +12,10 @@ one Delta commit per million rows. Then, with the local Spark session:
 * 1% of the keys updated (one commit), ``read.current`` with that tail, then the
   refresh that folds it (target: <= 10% of the full rewrite); then 0.01% of the
   keys, and its refresh (with ``TIDEMARK_BENCH_BUCKETS`` buckets, default 16);
+* many small shapes (``TIDEMARK_BENCH_SMALL_SHAPES``, default 100, of 1.3k keys; 100
+  keys of each changed per round): their refreshes together (``refresh_many``: one
+  Spark job) against one shape at a time (``refresh`` in 1 and in 16 buckets, on 10
+  of them);
 * opening a table of ``TIDEMARK_BENCH_COMMITS`` commits (default 10k, one small file
   each, as a shape committing every second writes them) with deltalake's checkpoint
   every 100 commits, and without checkpoints.
@@ -134,6 +138,59 @@ def open_times(folder: Path, commits: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def small_shapes(spark: Any, folder: Path, shapes: int) -> None:
+    """Refreshing many small shapes: together in one job, and one at a time."""
+    names = [f"small{i}" for i in range(shapes)]
+    tables = {}
+    lsn = 1000
+    for name in names:
+        tables[name] = ShapeTable(folder, name)
+        tables[name].create(table_schema(COLUMNS), ["id"], {"name": name})
+        lsn += 10
+        _commit(tables[name], np.arange(1300, dtype=np.int64), "insert", lsn, 0)
+
+    def change(names: list[str], tag: int) -> None:
+        nonlocal lsn
+        for i, name in enumerate(names):
+            lsn += 10
+            ids = (np.arange(100, dtype=np.int64) + 7 * i + 100 * tag) % 1300
+            _commit(tables[name], ids, "update", lsn, tag)
+
+    def together() -> float:
+        started = time.perf_counter()
+        done = current.refresh_many(spark, folder, names)
+        failed = [o for o in done.values() if isinstance(o, Exception)]
+        assert not failed, failed[0]
+        return time.perf_counter() - started
+
+    first = together()
+    times = []
+    for tag in (1, 2, 3):
+        change(names, tag)
+        times.append(together())
+    alone = names[:10]
+    per_shape = {}
+    for buckets in (1, 16):
+        for tag in (4, 5):  # the first round rebuilds in this bucket count
+            change(alone, tag)
+            started = time.perf_counter()
+            for name in alone:
+                current.refresh(spark, folder, name, buckets=buckets, parallelism=2)
+            per_shape[buckets] = (time.perf_counter() - started) / len(alone)
+    print(
+        f"{shapes} small shapes together:       first {first:.2f} s, then "
+        + ", ".join(f"{t:.2f}" for t in times)
+        + f" s for all {shapes}"
+    )
+    print(
+        f"one at a time:                     {per_shape[1]:.2f} s per shape (1 bucket), "
+        f"{per_shape[16]:.2f} s (16 buckets): {shapes * per_shape[1]:.0f}-"
+        f"{shapes * per_shape[16]:.0f} s for {shapes}"
+    )
+    state = read.current(spark, folder, names[0])
+    assert state.count() == 1300
+
+
 def main() -> None:
     rows = int(os.environ.get("TIDEMARK_BENCH_READ_ROWS", "1000000"))
     changes = int(os.environ.get("TIDEMARK_BENCH_READ_CHANGES", str(20 * rows)))
@@ -177,6 +234,7 @@ def main() -> None:
         )
         state = read.current(spark, folder, "bench")
         assert state.count() == rows
+        small_shapes(spark, folder, int(os.environ.get("TIDEMARK_BENCH_SMALL_SHAPES", "100")))
         if commits:
             with_cp, without_cp = open_times(folder, commits)
             print(

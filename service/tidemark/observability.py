@@ -213,7 +213,8 @@ class Metrics:
         )
         self.current_refresh_seconds = Counter(
             "tidemark_current_refresh_seconds_total",
-            "Time spent refreshing a shape's current-state table",
+            "Time spent refreshing a shape's current-state table (a refresh of several "
+            "shapes in one Spark job counts the whole job for each)",
             ["shape"],
             registry=r,
         )
