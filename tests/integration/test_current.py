@@ -169,7 +169,7 @@ def check(spark: Any, lake: Lake) -> None:
 
 @pytest.mark.timeout(900)
 @settings(
-    max_examples=12,
+    max_examples=9,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
