@@ -251,7 +251,9 @@ class ContinuityStore:
                         n: i.to_json() for n, i in sorted(self._invalidations.items())
                     },
                 },
-                indent=1,
+                # compact: Python's C encoder (an indented dump is the pure-Python
+                # one, 7x slower; with 1000 shapes, each backfill rewrote 14 ms of it)
+                separators=(",", ":"),
             )
         with self._write_lock:
             if version <= self._claims_written:

@@ -391,6 +391,8 @@ class ShapeBuffer:
 
     @property
     def stream_bytes(self) -> int:
+        if not self._streams:  # nearly always; asked for every shape on every tick
+            return 0
         return sum(p.rows.nbytes for p in self._streams.values())
 
     def take_stream_rows(self) -> list[tuple[StreamPart, Rows]]:
