@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from tidemark.errors import SinkError
 from tidemark.sink import current
 from tidemark.writers.job import default_parallelism
 
@@ -209,9 +208,8 @@ class CurrentKeeper:
         except Exception as exc:  # never stops the stream: tried again later
             outcomes = dict.fromkeys(names, exc)
         results: dict[str, current.RefreshResult | None] = {}
-        for name in names:
-            outcome = outcomes.get(name) or SinkError(f"shape '{name}': no refresh outcome")
-            results[name] = self._refreshed(name, outcome, taken[name])
+        for name in names:  # refresh_many has an outcome for every shape
+            results[name] = self._refreshed(name, outcomes[name], taken[name])
         for name, result in results.items():
             if result is not None and not result.skipped:
                 await asyncio.to_thread(self.measure, name)

@@ -24,8 +24,9 @@ the tail; each in one overwrite commit.
 A small table (it and its tail at most ``small_table_bytes``) is one bucket, one file,
 rewritten whole by each refresh; ``refresh_many`` folds all such shapes of one column
 layout in one Spark job (the shape a column, read from each file's path), then
-commits each shape on its own. A Spark job costs about half a second whatever it
-writes, so the cost of many small shapes is one job, not one each.
+commits each shape on its own. A refresh costs 0.65-0.8 s of Spark jobs however few
+rows it writes (``python -m bench read``), so many small shapes cost one job, not
+one each.
 
 What a refresh commit records (``commitInfo``, readable by any Delta reader with the
 table's history): ``tidemark.lsn`` (the changelog is folded through this LSN),
@@ -77,8 +78,8 @@ BUCKET_COLUMN = "_tm_bucket"
 DEFAULT_BUCKETS = 16
 HISTORY_PROBE = 20  # commits read back to find the newest refresh
 # A shape whose current table and changelog tail are at most this big is kept as one
-# file and refreshed together with the other such shapes in one Spark job (a Spark job
-# costs ~0.5 s however few rows it writes; 100 small shapes would cost 100 jobs).
+# file and refreshed together with the other such shapes in one Spark job (a refresh
+# costs 0.65-0.8 s however few rows it writes; 100 small shapes would cost 100 of them).
 SMALL_TABLE_BYTES = 32 * 1024 * 1024
 BATCH_BYTES = 256 * 1024 * 1024  # at most this much read by one batched job
 COMMIT_THREADS = 8
@@ -144,6 +145,11 @@ class RefreshResult:
     files_removed: int
     seconds: float
     skipped: bool = False  # already current
+
+    @classmethod
+    def nothing(cls, shape: str, lsn: int | None) -> RefreshResult:
+        """A refresh with nothing to do: the table holds ``lsn`` (None: no table)."""
+        return cls(shape, lsn, False, 0, 0, 0, 0, 0.0, skipped=True)
 
 
 def _point(entry: dict[str, Any]) -> RefreshPoint | None:
@@ -243,13 +249,13 @@ class ChangelogView:
         highs = [f.max_lsn for f in self.files if f.max_lsn is not None]
         return max(highs) if highs else None
 
-    def files_after(self, lsn: int | None) -> list[str]:
+    def files_after(self, lsn: int | None) -> list[ChangelogFile]:
         """The files that may hold rows with ``_lsn > lsn``."""
-        return [f.uri for f in self.files if f.reaches_past(lsn)]
+        return [f for f in self.files if f.reaches_past(lsn)]
 
     def rows_after(self, lsn: int | None) -> int:
         """At most this many rows have ``_lsn > lsn`` (whole files counted)."""
-        return sum(f.rows for f in self.files if f.reaches_past(lsn))
+        return sum(f.rows for f in self.files_after(lsn))
 
 
 def changelog_view(table: ShapeTable) -> ChangelogView:
@@ -292,7 +298,6 @@ class _Plan:
     the range of changelog rows to fold into it."""
 
     table: CurrentTable
-    changelog: ShapeTable
     view: ChangelogView
     target: pa.Schema
     dt: DeltaTable | None
@@ -304,14 +309,15 @@ class _Plan:
     old: dict[int, list[tuple[str, int]]]  # the table's files by bucket (-1: no bucket)
 
     @property
-    def tail_files(self) -> list[str]:
+    def tail(self) -> list[ChangelogFile]:
+        """The changelog files that may hold rows to fold."""
         return self.view.files_after(self.after)
 
     @property
     def bytes(self) -> int:
         """What a whole rewrite reads: the table's files and the changelog tail."""
         kept = sum(size for files in self.old.values() for _, size in files)
-        return kept + sum(f.size for f in self.view.files if f.reaches_past(self.after))
+        return kept + sum(f.size for f in self.tail)
 
     def rebuilds(self, buckets: int) -> bool:
         assert self.point is not None or self.regenerate
@@ -322,13 +328,13 @@ def _plan(root: str | Path, shape: str) -> _Plan | RefreshResult:
     """The shape's refresh plan, or the result of a refresh with nothing to do."""
     changelog = ShapeTable(root, shape)
     if not changelog.exists():
-        return RefreshResult(shape, None, False, 0, 0, 0, 0, 0.0, skipped=True)
+        return RefreshResult.nothing(shape, None)
     view = changelog_view(changelog)
     target = current_schema(view.schema, view.primary_key)
     table = CurrentTable(root, shape)
     dt = table.table() if table.exists() else None
     if dt is None and not view.files:  # nothing committed yet: no table to make either
-        return RefreshResult(shape, None, False, 0, 0, 0, 0, 0.0, skipped=True)
+        return RefreshResult.nothing(shape, None)
     point = table.point(dt) if dt is not None else None
     regenerate = point is None or not point.folds(view.generation, view.table_id)
     new_columns = not regenerate and _needs_replacement(
@@ -345,9 +351,7 @@ def _plan(root: str | Path, shape: str) -> _Plan | RefreshResult:
     upto = max(view.max_lsn or 0, 0 if point is None or regenerate else point.lsn)
     after = None if regenerate or point is None else point.lsn
     old = {} if dt is None or regenerate else table.files_by_bucket(dt)
-    return _Plan(
-        table, changelog, view, target, dt, point, regenerate, new_columns, after, upto, old
-    )
+    return _Plan(table, view, target, dt, point, regenerate, new_columns, after, upto, old)
 
 
 def _current(plan: _Plan, buckets: int) -> bool:
@@ -373,7 +377,7 @@ def refresh(
     if isinstance(plan, RefreshResult):
         return plan
     if _current(plan, buckets):
-        return RefreshResult(shape, plan.point.lsn, False, 0, 0, 0, 0, 0.0, skipped=True)  # type: ignore[union-attr]
+        return RefreshResult.nothing(shape, plan.upto)
     return _refresh_bucketed(spark, plan, buckets, parallelism, started)
 
 
@@ -387,7 +391,8 @@ def _refresh_bucketed(
     table, view, target, old = plan.table, plan.view, plan.target, plan.old
     rebuild = plan.rebuilds(buckets)
     after, upto = plan.after, plan.upto
-    tail = _tail_frame(spark, plan.view.schema, plan.tail_files)
+    tail_files = [f.uri for f in plan.tail]
+    tail = _tail_frame(spark, plan.view.schema, tail_files)
     if after is not None:
         tail = tail.where(F.col(LSN) > F.lit(after))
     tail = tail.where(F.col(LSN) <= F.lit(upto))
@@ -416,7 +421,7 @@ def _refresh_bucketed(
         base_files = [f"{table.uri}/{p}" for b in sorted(touched) for p, _ in old.get(b, [])]
         base_files += [f"{table.uri}/{p}" for p, _ in old.get(-1, [])]
     added: list[DataFile] = []
-    if touched and (plan.tail_files or base_files):  # else: nothing to fold, no Spark job
+    if touched and (tail_files or base_files):  # else: nothing to fold, no Spark job
         base = None
         if base_files and not truncated:
             base = snapshot_rows(
@@ -469,12 +474,12 @@ def refresh_many(
             out[shape] = plan
         elif _is_small(plan, small_bytes):
             if _current(plan, 1):
-                out[shape] = RefreshResult(shape, plan.upto, False, 0, 0, 0, 0, 0.0, skipped=True)
+                out[shape] = RefreshResult.nothing(shape, plan.upto)
                 continue
             layout = (str(plan.view.schema), str(plan.target), tuple(plan.view.primary_key))
             small.setdefault(layout, []).append(plan)
         elif _current(plan, buckets):
-            out[shape] = RefreshResult(shape, plan.upto, False, 0, 0, 0, 0, 0.0, skipped=True)
+            out[shape] = RefreshResult.nothing(shape, plan.upto)
         else:
             big.append(plan)
     for plans in small.values():
@@ -498,9 +503,8 @@ def _is_small(plan: _Plan, small_bytes: int) -> bool:
         small_bytes //= 2
     if small_bytes <= 0 or plan.bytes > small_bytes:  # 0: never
         return False
-    changelog_files = [f.path for f in plan.view.files if f.reaches_past(plan.after)]
     table_files = [p for files in plan.old.values() for p, _ in files]
-    return all(_CHANGELOG_FILE.fullmatch(p) for p in changelog_files) and all(
+    return all(_CHANGELOG_FILE.fullmatch(f.path) for f in plan.tail) and all(
         _CURRENT_FILE.fullmatch(p) for p in table_files
     )
 
@@ -538,7 +542,7 @@ def _refresh_together(
             [(p.table.shape, -1 if p.after is None else p.after, p.upto) for p in plans],
             f"{SHAPE_COLUMN} string, __after long, __upto long",
         )
-        tail_files = [f for plan in plans for f in plan.tail_files]
+        tail_files = [f.uri for plan in plans for f in plan.tail]
         tail = _tail_frame(spark, first.view.schema, tail_files)
         if tail_files:
             tail = tail.withColumn(SHAPE_COLUMN, shape_of)
