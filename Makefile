@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup java prometheus test test-fast test-integration lint demo bench clean
+.PHONY: setup java prometheus test test-fast test-integration lint demo bench clean jvm
 
 setup: java prometheus $(STAMP)
 
@@ -70,6 +70,15 @@ demo: setup
 
 bench: setup
 	$(PY) -m bench
+
+# tidemark's one Java class (service/tidemark/jvm/NioLocalFileSystem.java) into the
+# committed jar beside it. Needs a JDK (javac, jar); running tidemark needs only a JRE.
+JVM_DIR := service/tidemark/jvm
+jvm: setup
+	@rm -rf build/jvm && mkdir -p build/jvm
+	javac --release 17 -cp "$$($(PY) -m tidemark.jvm classpath)" -d build/jvm $(JVM_DIR)/*.java
+	jar --create --date=2026-01-01T00:00:00Z --file $(JVM_DIR)/tidemark-jvm.jar -C build/jvm .
+	@rm -rf build/jvm
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .mypy_cache .ruff_cache

@@ -78,7 +78,8 @@ DEFAULT_CONF: Mapping[str, str] = {
     # runs `chmod` in a child process for every file and folder it creates: ~10 ms per
     # file, which a flush round writing one file per shape pays a hundred times. No
     # .crc side files (tidemark deletes them anyway) and vfork for those children:
-    # a 100-shape round's Spark job went from 1.04 s to 0.71 s (bench/shapes_bench.py)
+    # a 100-shape round's Spark job went from 1.04 s to 0.71 s (bench/shapes_bench.py).
+    # In local mode ``local_mode_conf`` goes further: no child process at all.
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "spark.driver.memory": "2g",
     "spark.driver.extraJavaOptions": "-XX:+UseG1GC -Djdk.lang.Process.launchMechanism=VFORK",
@@ -168,6 +169,25 @@ def check_connect(remote: str, timeout_s: float = 10.0) -> None:
         ) from None
 
 
+def local_mode_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
+    """In local mode (the JVM is tidemark's own, on this machine), ``file:`` paths go
+    through ``tidemark.hadoop.NioLocalFileSystem`` (``tidemark/jvm``): the modes of
+    the files and folders Spark writes are set without a ``chmod`` process each. Not
+    on a cluster (its executors would need the jar on their class path), and not when
+    ``conf`` chooses ``spark.hadoop.fs.file.impl`` itself."""
+    from tidemark import jvm
+
+    if not master.startswith("local") or "spark.hadoop.fs.file.impl" in conf:
+        return {}
+    if not jvm.JAR.is_file():  # an install without the package data: Hadoop's own
+        return {}
+    extra = conf.get("spark.driver.extraClassPath")
+    return {
+        "spark.hadoop.fs.file.impl": jvm.LOCAL_FS_CLASS,
+        "spark.driver.extraClassPath": os.pathsep.join(p for p in (str(jvm.JAR), extra) if p),
+    }
+
+
 def build_session(
     master: str = "local[2]",
     conf: Mapping[str, str] | None = None,
@@ -187,7 +207,8 @@ def build_session(
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    settings = {**DEFAULT_CONF, **local_mode_conf(master, conf or {}), **(conf or {})}
+    for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

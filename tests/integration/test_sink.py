@@ -122,6 +122,28 @@ async def test_shapes_due_together_are_written_by_one_round_and_committed_each_o
     assert not list(scheduler.staging.rglob("*.parquet"))
 
 
+def test_local_spark_writes_files_through_tidemarks_filesystem_with_hadoops_modes(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """Local mode sets modes through java.nio (``tidemark.jvm``), not a ``chmod``
+    process per file: the same modes Hadoop's own local filesystem gives (its umask
+    022: files 0644, folders 0755)."""
+    from tidemark import jvm
+
+    uri = spark._jvm.java.net.URI(tmp_path.as_uri())
+    fs = spark._jvm.org.apache.hadoop.fs.FileSystem.get(uri, spark._jsc.hadoopConfiguration())
+    assert fs.getClass().getName() == jvm.LOCAL_FS_CLASS
+    frame = spark.range(40).selectExpr("id", "id % 4 as part")
+    frame.coalesce(1).write.partitionBy("part").parquet(str(tmp_path / "out"))
+    files = list((tmp_path / "out").rglob("*.parquet"))
+    folders = [p for p in (tmp_path / "out").rglob("part=*") if p.is_dir()]
+    assert len(files) == 4 and len(folders) == 4
+    assert {f.stat().st_mode & 0o7777 for f in files} == {0o644}
+    assert {d.stat().st_mode & 0o7777 for d in folders} == {0o755}
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 40
+
+
 async def test_a_replayed_batch_is_not_committed_twice(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     feeder = make_feeder()
     w = open_writer(feeder, str(tmp_path), "a")

@@ -5,11 +5,15 @@ on each kind of session. No Spark is started."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import zipfile
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from tidemark import jvm
 from tidemark.config import load_settings
 from tidemark.embedded import free_port
 from tidemark.errors import ConfigError
@@ -20,6 +24,7 @@ from tidemark.spark import (
     check_connect,
     connect_address,
     is_connect,
+    local_mode_conf,
 )
 
 
@@ -122,3 +127,41 @@ def test_connect_keeps_each_job_inside_the_plan_below_grpcs_message_limit() -> N
     # a job's rows travel inline (not as a session-cached artifact) and fit one message
     threshold = int(CONNECT_CONF["spark.sql.session.localRelationCacheThreshold"])
     assert CONNECT_JOB_BYTES < threshold < 128 * 1024 * 1024
+
+
+def test_local_mode_uses_tidemarks_local_filesystem_and_keeps_a_class_path_of_its_own() -> None:
+    conf = local_mode_conf("local[2]", {})
+    assert conf["spark.hadoop.fs.file.impl"] == jvm.LOCAL_FS_CLASS
+    assert conf["spark.driver.extraClassPath"] == str(jvm.JAR)
+    mine = local_mode_conf("local[*]", {"spark.driver.extraClassPath": "/opt/x.jar"})
+    assert mine["spark.driver.extraClassPath"] == os.pathsep.join([str(jvm.JAR), "/opt/x.jar"])
+
+
+def test_a_cluster_or_a_filesystem_of_ones_own_keeps_hadoops() -> None:
+    assert local_mode_conf("spark://127.0.0.1:7077", {}) == {}
+    chosen = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"}
+    assert local_mode_conf("local[2]", chosen) == {}
+
+
+@pytest.mark.skipif(
+    not (shutil.which("javac") and shutil.which("jar")), reason="no JDK (javac, jar) here"
+)
+def test_the_committed_jar_is_built_from_the_committed_source(tmp_path: Path) -> None:
+    """``make jvm`` output matches: a change to the .java without a rebuild fails here."""
+    subprocess.run(
+        [
+            "javac",
+            "--release",
+            "17",
+            "-cp",
+            jvm.compile_classpath(),
+            "-d",
+            str(tmp_path),
+            str(jvm.SOURCE),
+        ],
+        check=True,
+    )
+    built = (tmp_path / "tidemark" / "hadoop" / "NioLocalFileSystem.class").read_bytes()
+    with zipfile.ZipFile(jvm.JAR) as jar:
+        committed = jar.read("tidemark/hadoop/NioLocalFileSystem.class")
+    assert built == committed, "tidemark-jvm.jar is older than its source: run `make jvm`"

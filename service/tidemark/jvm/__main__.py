@@ -1,0 +1,9 @@
+"""``python -m tidemark.jvm classpath``: what ``make jvm`` compiles against."""
+
+import sys
+
+from tidemark.jvm import compile_classpath
+
+if sys.argv[1:] != ["classpath"]:
+    sys.exit("usage: python -m tidemark.jvm classpath")
+print(compile_classpath())
