@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import multiprocessing
 import os
 import time
@@ -98,15 +99,18 @@ def _batch_files(table: ShapeTable, first: int, end: int) -> list[DataFile]:
     return table.files_in(rel)
 
 
-def _race(root: str, offset: int, start: multiprocessing.synchronize.Event, out: object) -> None:
-    """One process: batches of BATCH transactions, shifted by ``offset`` from the other's."""
+def _race(root: str, offset: int, start: multiprocessing.synchronize.Barrier, out: object) -> None:
+    """One process: batches of BATCH transactions, shifted by ``offset`` from the other's.
+    Both processes commit each round's batch at the same moment (a barrier): a commit
+    takes well under a millisecond, so without it one process can finish all its rounds
+    before the other has started."""
     table = ShapeTable(root, SHAPE)
     committed, fenced, skipped = [], 0, 0
-    start.wait()
     for i in range(ROUNDS):
         first = offset + i * BATCH + 1
         end = first + BATCH - 1
         files = _batch_files(table, first, end)
+        start.wait()
         try:
             version = table.commit(files, end, {}, first_lsn=first)
         except WriterFenced:
@@ -126,11 +130,10 @@ def test_two_processes_racing_overlapping_batches_commit_each_transaction_once(
     root = str(tmp_path)
     ShapeTable(root, SHAPE).create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
     ctx = multiprocessing.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
+    start, out = ctx.Barrier(2), ctx.Queue()
     workers = [ctx.Process(target=_race, args=(root, off, start, out)) for off in (0, BATCH // 2)]
     for w in workers:
         w.start()
-    start.set()
     results = [out.get(timeout=300) for _ in workers]
     for w in workers:
         w.join(timeout=60)
@@ -187,3 +190,75 @@ async def test_a_service_whose_commit_is_fenced_stops_and_restarts_clean(
     finally:
         service.request_stop()
         await asyncio.gather(run, return_exceptions=True)
+
+
+def test_appends_written_directly_are_a_delta_log_the_library_reads(tmp_path: Path) -> None:
+    """Stream commits after the first are written as log entries by tidemark itself
+    (``ShapeTable._append``); deltalake must read them as its own: files, app
+    version, commit metadata, and a checkpoint every 100 versions."""
+    root = str(tmp_path)
+    table = ShapeTable(root, SHAPE)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    log_dir = table.path / "_delta_log"
+    # given 105 batches committed one after the other by one handle
+    for i in range(105):
+        first = i * BATCH + 1
+        version = table.commit(
+            _batch_files(table, first, first + BATCH - 1),
+            first + BATCH - 1,
+            {"tidemark.transactions": BATCH},
+            first_lsn=first,
+        )
+        assert version == i + 1
+    # then every version but the first was written without the library (engineInfo)
+    engines = [
+        json.loads(line)["commitInfo"].get("engineInfo")
+        for v in range(1, 106)
+        for line in (log_dir / f"{v:020d}.json").read_text().splitlines()
+        if line.startswith('{"commitInfo"')
+    ]
+    assert engines[0] != "tidemark" and set(engines[1:]) == {"tidemark"}
+    # and a fresh handle reads them all: rows once each, the app version, the metadata
+    fresh = DeltaTable(table.uri)
+    assert fresh.version() == 105
+    assert fresh.transaction_version(table.app_id) == 105 * BATCH
+    lsns = fresh.to_pyarrow_table(columns=["_lsn"]).column("_lsn").to_pylist()
+    assert sorted(lsns) == list(range(1, 105 * BATCH + 1))
+    newest = fresh.history(1)[0]
+    assert newest["tidemark.endLsn"] == str(105 * BATCH)
+    assert newest["tidemark.transactions"] == str(BATCH)
+    assert newest["tidemark.rows"] == str(BATCH)
+    # and a checkpoint was written at version 100, as the library's own hook does
+    assert (log_dir / f"{100:020d}.checkpoint.parquet").is_file()
+    assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 100
+    assert not list(log_dir.glob("_commit_*"))
+
+
+def test_a_commit_by_someone_else_between_two_appends_sends_the_next_the_librarys_way(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path)
+    table = ShapeTable(root, SHAPE)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    table.commit(_batch_files(table, 1, 10), 10, {}, first_lsn=1)
+    table.commit(_batch_files(table, 11, 20), 20, {}, first_lsn=11)
+    # given another handle that commits (another app id) after this one's last append
+    other = DeltaTable(table.uri)
+    _commit(other, table.uri, "intruder", "tidemark:maintenance", 1)
+    # when this handle appends again, the version it would write exists: the commit
+    # re-reads the log and lands after it, and the next one is direct again
+    assert table.commit(_batch_files(table, 21, 30), 30, {}, first_lsn=21) == 4
+    assert table.commit(_batch_files(table, 31, 40), 40, {}, first_lsn=31) == 5
+    fresh = DeltaTable(table.uri)
+    assert fresh.transaction_version(table.app_id) == 40
+    assert fresh.transaction_version("tidemark:maintenance") == 1
+    assert len(fresh.file_uris()) == 5
+    # and when another process committed a batch after this handle's last append, the
+    # version this handle would write exists: the batch is found held (skipped) or
+    # overlapping (fenced), and nothing of it is written
+    stale = ShapeTable(root, SHAPE)
+    stale.commit(_batch_files(stale, 41, 50), 50, {}, first_lsn=41)
+    assert table.commit(_batch_files(table, 41, 50), 50, {}, first_lsn=41) is None
+    with pytest.raises(WriterFenced):
+        table.commit(_batch_files(table, 45, 60), 60, {}, first_lsn=45)
+    assert DeltaTable(table.uri).version() == 6

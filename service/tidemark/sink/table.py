@@ -34,6 +34,21 @@ description also holds JSON with the key and the shape definition (the Delta
 kernel refuses custom configuration keys), so a reader needs nothing but the
 table to fold it (``tidemark.read``).
 
+Appends without the library (the hot path): a stream commit adds files and nothing
+else, so when the handle knows the log's newest version ``V`` (it made or read it)
+and the table's protocol asks nothing of a writer (``minWriterVersion`` <= 2, no
+writer features), the commit is written as the Delta log entry ``V+1`` directly:
+a temp file in ``_delta_log`` hard-linked to ``<V+1>.json``, which fails if that
+version exists (put-if-absent, as deltalake does on a local filesystem). The replay
+and fence checks use the app version the handle knew at ``V``: nothing can have
+committed after ``V`` when ``V+1`` did not exist, so check and commit are still one
+atomic step. When the link fails (another writer, or this process's own
+maintenance, committed), the commit goes the library's way: re-read, check, commit.
+Every ``checkpointInterval`` versions (100) the library writes a checkpoint, as its
+post-commit hook does. A library commit costs 4-7 ms of CPU (commit plus the
+re-read after it); this one about 0.2 ms, which is what a flush round of 1000
+shapes pays 1000 times.
+
 Stream epochs: the application id is ``tidemark:<shape>`` on the first stream
 tidemark follows and ``tidemark:<shape>#<epoch>`` after it adopted another one
 (``tidemark.continuity``): a new stream's LSNs may be lower than the old one's,
@@ -72,6 +87,8 @@ GENERATION_PREFIX = "tidemark-generation:"
 RETAINED_PREFIX = "tidemark-retained:"
 SPOOL_DIR = "_spool"
 COMMIT_ATTEMPTS = 5
+CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
+ENGINE = "tidemark"
 
 
 def app_id_for(shape: str, epoch: int = 1) -> str:
@@ -90,6 +107,27 @@ class DataFile:
 
     def add_action(self) -> AddAction:
         return AddAction(self.path, self.size, {}, self.modification_time_ms, True, self.stats)
+
+    def add_entry(self) -> dict[str, Any]:
+        """The Delta log's ``add`` action for this file (the appends written directly)."""
+        return {
+            "path": self.path,
+            "partitionValues": {},
+            "size": self.size,
+            "modificationTime": self.modification_time_ms,
+            "dataChange": True,
+            "stats": self.stats,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """What a handle knows of the log's newest version: an append may write the next
+    version directly (see the module docstring)."""
+
+    version: int
+    app_version: int | None  # our application transaction's version at ``version``
+    checkpoint_interval: int
 
 
 def describe_file(table_root: Path, rel_path: str) -> DataFile:
@@ -147,6 +185,12 @@ class ShapeTable:
         self.app_id = app_id_for(shape, epoch)
         self._lock = threading.RLock()
         self._dt: DeltaTable | None = None
+        self._head: _Head | None = None
+        self._direct = True  # appends may be written directly (see _append)
+        self._behind = False  # the handle has not read appends written directly
+        # a writer schema found to fit the table (``writers.job.fit_table``); forgotten
+        # whenever the table's schema may have changed through this object
+        self.fitted: pa.Schema | None = None
 
     # -- existence and creation -------------------------------------------
 
@@ -184,16 +228,30 @@ class ShapeTable:
             log.info("table.created", shape=self.shape, path=self.uri)
 
     def table(self) -> DeltaTable:
+        """The library's handle, current with every commit made through this object."""
+        with self._lock:
+            dt = self._handle()
+            if self._behind:  # appends written directly since it last read the log
+                dt.update_incremental()
+                self._behind = False
+            return dt
+
+    def _handle(self) -> DeltaTable:
+        """The handle as it is: its schema and metadata are the table's (appends
+        written directly change neither), its files and versions may be behind."""
         with self._lock:
             if self._dt is None:
                 if not self.exists():
                     raise SinkError(f"shape '{self.shape}' has no table at {self.uri} yet")
                 self._dt = DeltaTable(self.uri)
+                self._behind = False
             return self._dt
 
     def refresh(self) -> DeltaTable:
         with self._lock:
             self._dt = None
+            self._head = None
+            self.fitted = None
             return self.table()
 
     # -- what is committed --------------------------------------------------
@@ -234,7 +292,7 @@ class ShapeTable:
 
     def described(self) -> dict[str, Any]:
         """What tidemark recorded about the shape when it created the table."""
-        text = self.table().metadata().description or "{}"
+        text = self._handle().metadata().description or "{}"
         try:
             return dict(json.loads(text).get("tidemark") or {})
         except (ValueError, AttributeError) as exc:
@@ -262,7 +320,7 @@ class ShapeTable:
         return list(primary_key) != self.primary_key()
 
     def arrow_schema(self) -> pa.Schema:
-        return pa.schema(self.table().schema().to_arrow())
+        return pa.schema(self._handle().schema().to_arrow())
 
     def ensure_columns(self, schema: pa.Schema) -> list[str]:
         """Add the fields of ``schema`` the table lacks; returns their names."""
@@ -272,6 +330,7 @@ class ShapeTable:
             if added:
                 from deltalake.schema import Field
 
+                self.fitted = None
                 self.table().alter.add_columns([Field.from_arrow(f) for f in added])
                 log.info("table.columns_added", shape=self.shape, columns=[f.name for f in added])
             return [f.name for f in added]
@@ -350,24 +409,18 @@ class ShapeTable:
         first = end_lsn if first_lsn is None else first_lsn
         custom = {"tidemark.endLsn": end_lsn, "tidemark.files": len(files), **(metadata or {})}
         with self._lock:
+            head = self._head
+            if head is not None:
+                if self._holds(head.app_version, first, end_lsn):
+                    return None
+                version = self._append(head, files, custom, end_lsn)
+                if version is not None:
+                    return version
             for attempt in range(1, COMMIT_ATTEMPTS + 1):
                 dt = self.table()
                 dt.update_incremental()
-                done = dt.transaction_version(self.app_id)
-                if done is not None and end_lsn <= done:
-                    log.info(
-                        "commit.skipped_replay",
-                        shape=self.shape,
-                        end_lsn=end_lsn,
-                        committed_lsn=done,
-                    )
+                if self._holds(dt.transaction_version(self.app_id), first, end_lsn):
                     return None
-                if done is not None and first <= done:
-                    raise WriterFenced(
-                        f"shape '{self.shape}': another writer committed its table up to LSN "
-                        f"{done}, inside this batch ({first}..{end_lsn}): this process stops "
-                        "committing it. Run one tidemark per slot and sink root"
-                    )
                 try:
                     return self._write(dt, [], files, custom, end_lsn)
                 except CommitFailedError as exc:
@@ -379,6 +432,73 @@ class ShapeTable:
                 f"shape '{self.shape}': {COMMIT_ATTEMPTS} commits in a row lost a race with "
                 "another writer of this table"
             )
+
+    def _holds(self, done: int | None, first: int, end_lsn: int) -> bool:
+        """Whether the table, at app version ``done``, holds the batch ``first..end_lsn``
+        already (a replay: skip it); ``WriterFenced`` when it holds a part of it."""
+        if done is not None and end_lsn <= done:
+            log.info("commit.skipped_replay", shape=self.shape, end_lsn=end_lsn, committed_lsn=done)
+            return True
+        if done is not None and first <= done:
+            raise WriterFenced(
+                f"shape '{self.shape}': another writer committed its table up to LSN "
+                f"{done}, inside this batch ({first}..{end_lsn}): this process stops "
+                "committing it. Run one tidemark per slot and sink root"
+            )
+        return False
+
+    def _append(
+        self, head: _Head, files: Sequence[DataFile], custom: Mapping[str, Any], end_lsn: int
+    ) -> int | None:
+        """Write log version ``head.version + 1``, adding ``files`` tagged ``(app_id,
+        end_lsn)``; None when that version exists (someone committed since ``head``:
+        the caller takes the library's way, which re-reads the log)."""
+        version = head.version + 1
+        now = int(time.time() * 1000)
+        info: dict[str, Any] = {
+            "timestamp": now,
+            "operation": "WRITE",
+            "operationParameters": {"mode": "Append", "partitionBy": "[]"},
+            "engineInfo": ENGINE,
+            "tidemark.rows": str(sum(f.num_rows for f in files)),
+        }
+        info |= {k: str(v) for k, v in custom.items()}
+        lines = [json.dumps({"commitInfo": info}, separators=(",", ":"))]
+        lines += [json.dumps({"add": f.add_entry()}, separators=(",", ":")) for f in files]
+        txn = {"appId": self.app_id, "version": end_lsn, "lastUpdated": now}
+        lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
+        log_dir = self.path / "_delta_log"
+        temp = log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
+        temp.write_text("\n".join(lines) + "\n")
+        try:
+            os.link(temp, log_dir / f"{version:020d}.json")
+        except FileExistsError:
+            self._head = None
+            return None
+        except OSError as exc:  # a filesystem without hard links: the library's way
+            log.warning("commit.direct_unavailable", shape=self.shape, error=str(exc))
+            self._head, self._direct = None, False
+            return None
+        finally:
+            temp.unlink()
+        self._head = _Head(version, end_lsn, head.checkpoint_interval)
+        self._behind = True
+        if version % head.checkpoint_interval == 0:
+            dt = self.table()
+            dt.create_checkpoint()
+            self._know(dt)
+        return version
+
+    def _know(self, dt: DeltaTable) -> None:
+        """Remember ``dt``'s version as the newest the handle knows (just updated or
+        committed through it), if the table lets appends be written directly."""
+        protocol = dt.protocol()
+        if not self._direct or protocol.min_writer_version > 2 or protocol.writer_features:
+            self._head = None
+            return
+        config = dt.metadata().configuration
+        interval = int(config.get("delta.checkpointInterval") or CHECKPOINT_INTERVAL)
+        self._head = _Head(dt.version(), dt.transaction_version(self.app_id), interval)
 
     def active_files_with_sizes(self) -> list[tuple[str, int]]:
         with self._lock:
@@ -473,6 +593,9 @@ class ShapeTable:
             ),
         )
         dt.update_incremental()
+        if schema is not None:
+            self.fitted = None
+        self._know(dt)
         return dt.version()
 
     @staticmethod
