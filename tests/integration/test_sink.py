@@ -234,6 +234,37 @@ async def test_backpressure_blocks_until_a_flush_makes_room(spark, tmp_path: Pat
     assert len(rows_of(w.table)) == 1000
 
 
+async def test_rows_appended_since_the_last_sum_make_the_stream_wait(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The total is summed over the writers only near the budget (``Charge``): what
+    was appended since the last sum must count, streamed rows included."""
+    feeder = make_feeder()
+    w = open_writer(feeder, str(tmp_path), "a")
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60, memory_budget=50_000))
+    scheduler.add(w)
+    assert scheduler.buffered_bytes == 0  # the last sum: nothing buffered
+    # given ~64 kB of a transaction still being streamed, appended after that sum
+    for i in range(500):
+        w.stream_append(7, i, "insert", (str(i).encode(), b"n", b"big"), None, 32)
+    # then the stream waits for room, though nobody summed since
+    waiter = asyncio.create_task(scheduler.wait_for_room())
+    await asyncio.sleep(0.2)
+    assert not waiter.done() and scheduler.stats.backpressure_waits == 1
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+    # and once the streamed rows are dropped and ~64 kB of ordinary rows arrive, the
+    # same holds for them, and a flush lets the stream go on
+    w.stream_discard(7)
+    assert scheduler.buffered_bytes == 0
+    feeder.txn(100, {"a": [ins(i) for i in range(500)]})
+    waiter = asyncio.create_task(scheduler.wait_for_room())
+    await asyncio.sleep(0.2)
+    assert not waiter.done() and scheduler.stats.backpressure_waits == 2
+    async with running(scheduler):
+        await asyncio.wait_for(waiter, 60)
+    assert len(rows_of(w.table)) == 500
+
+
 async def test_added_column_evolves_the_table_schema(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     feeder = make_feeder()
     w = open_writer(feeder, str(tmp_path), "a")

@@ -28,6 +28,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
+class Charge:
+    """Bytes buffered by every writer of a scheduler since it last summed them.
+
+    Bytes enter a buffer only as appended rows (each charged here as ``Rows`` counts
+    it); every other move (into a job, to Parquet, a commit) keeps or lowers the
+    total. So the last exact sum plus ``added`` is an upper bound on what is buffered
+    now, and while it is under the budget nobody needs the exact sum: that sum walks
+    every writer, which at 1000 shapes cost a fifth of the event loop when it ran
+    after every message batch."""
+
+    __slots__ = ("added",)
+
+    def __init__(self) -> None:
+        self.added = 0
+
+
 @dataclass(frozen=True, slots=True)
 class OpenPart:
     """One writer's open rows, as the scheduler sees them."""

@@ -59,7 +59,7 @@ from tidemark.writers.job import (
     write_round,
     write_spool,
 )
-from tidemark.writers.memory import OpenPart, parts_to_stage
+from tidemark.writers.memory import Charge, OpenPart, parts_to_stage
 from tidemark.writers.writer import JobFailure, ShapeWriter
 
 RETRY_FIRST_S = 0.5
@@ -116,6 +116,9 @@ class FlushScheduler:
             max_workers=self.policy.commit_concurrency, thread_name_prefix="delta-commit"
         )
         self.writers: dict[str, ShapeWriter] = {}
+        # buffered bytes at the last exact sum, and what writers appended since
+        self._summed = 0
+        self._charge = Charge()
         self.stats = SchedulerStats()
         self._clock = clock
         self._on_commit = on_commit
@@ -135,6 +138,9 @@ class FlushScheduler:
 
     def add(self, writer: ShapeWriter) -> None:
         self.writers[writer.shape] = writer
+        if writer.charge is not self._charge:
+            self._charge.added += writer.charge.added  # (what it buffered before)
+            writer.charge = self._charge
 
     def remove(self, shape: str) -> ShapeWriter | None:
         return self.writers.pop(shape, None)
@@ -144,7 +150,16 @@ class FlushScheduler:
     @property
     def buffered_bytes(self) -> int:
         # rows handed to a job stay in memory until it finishes: they count too
-        return sum(w.buffer.nbytes + w.in_flight_bytes for w in self.writers.values())
+        total = sum(w.buffer.nbytes + w.in_flight_bytes for w in self.writers.values())
+        self._summed, self._charge.added = total, 0
+        return total
+
+    def _reaches(self, limit: int) -> bool:
+        """Whether buffered bytes reach ``limit``; summed over the writers only when
+        the bound (last sum + bytes appended since, ``Charge``) says they may."""
+        if self._summed + self._charge.added < limit:
+            return False
+        return self.buffered_bytes >= limit
 
     def memory_report(self, top: int = 3) -> str:
         """Where the buffered bytes are: the total against the budget, and the biggest
@@ -171,14 +186,14 @@ class FlushScheduler:
 
     async def wait_for_room(self) -> None:
         """Return when buffered bytes are under the memory budget (backpressure)."""
-        if self.buffered_bytes < self.policy.memory_budget:
+        if not self._reaches(self.policy.memory_budget):
             return
         self.stats.backpressure_waits += 1
         started = self.waiting_since = self._clock()
         try:
             self._room.clear()
             self._wake.set()
-            while self.buffered_bytes >= self.policy.memory_budget:
+            while self._reaches(self.policy.memory_budget):
                 self._room.clear()
                 await self._room.wait()
         finally:
@@ -233,7 +248,7 @@ class FlushScheduler:
                 and now >= failure.retry_at
             ):
                 self._launch(writer, retry, writer.in_flight_bytes, writer.in_flight_lsn)
-        pressure = self.buffered_bytes >= self.policy.memory_budget
+        pressure = self._reaches(self.policy.memory_budget)
         due = [w for w in self.writers.values() if not w.in_flight and self._due(w, now, pressure)]
         if due:
             joiners = [
@@ -273,17 +288,22 @@ class FlushScheduler:
                 )
             elif members:
                 self._launch_round(members)
-        parts = [
-            OpenPart(
-                w.shape,
-                w.buffer.open_bytes + w.buffer.stream_bytes,
-                w.in_flight or w.retry is not None,
+        # a part is staged when it alone reaches stage_bytes or the total the budget:
+        # neither can happen below both
+        limit = min(self.policy.memory_budget, self.policy.stage_bytes)
+        staging = []
+        if self._reaches(limit):
+            parts = [
+                OpenPart(
+                    w.shape,
+                    w.buffer.open_bytes + w.buffer.stream_bytes,
+                    w.in_flight or w.retry is not None,
+                )
+                for w in self.writers.values()
+            ]
+            staging = parts_to_stage(
+                parts, self.buffered_bytes, self.policy.memory_budget, self.policy.stage_bytes
             )
-            for w in self.writers.values()
-        ]
-        staging = parts_to_stage(
-            parts, self.buffered_bytes, self.policy.memory_budget, self.policy.stage_bytes
-        )
         for name in staging:
             writer = self.writers[name]
             if not writer.in_flight and writer.retry is None:

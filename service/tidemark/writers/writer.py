@@ -33,7 +33,8 @@ from tidemark.lsn import LogOffset
 from tidemark.pgoutput.messages import Value
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.sink.table import DataFile, ShapeTable
-from tidemark.writers.buffer import Batch, ShapeBuffer
+from tidemark.writers.buffer import ROW_OVERHEAD, Batch, ShapeBuffer
+from tidemark.writers.memory import Charge
 
 Report = Callable[[str, LogOffset], None]
 
@@ -63,6 +64,7 @@ class ShapeWriter:
         self.op_type = table.op_type()  # an older table's _op may be int32
         self.schema: pa.Schema = table_schema(columns, self.op_type)
         self.buffer = ShapeBuffer(self.shape)
+        self.charge = Charge()  # the scheduler's, once added to one
         self.alignment = TxnAlignment()
         self.committed_lsn: int | None = table.committed_lsn()
         self._report = report
@@ -125,6 +127,7 @@ class ShapeWriter:
         size_hint: int,
     ) -> None:
         self.buffer.append(op, kind, values, unchanged, size_hint)
+        self.charge.added += size_hint + ROW_OVERHEAD
 
     def end_txn(self, txn_last_offset: LogOffset) -> None:
         """The transaction committed; the tracker has seen its commit already."""
@@ -164,6 +167,7 @@ class ShapeWriter:
         size_hint: int,
     ) -> None:
         self.buffer.stream_append(xid, op, kind, values, unchanged, size_hint)
+        self.charge.added += size_hint + ROW_OVERHEAD
 
     def stream_drop(self, xid: int, lo: int, hi: int) -> None:
         """A subtransaction of ``xid`` aborted: its rows (``lo <= _op < hi``) go."""
