@@ -38,8 +38,9 @@ Appends without the library (the hot path): a stream commit adds files and nothi
 else, so when the handle knows the log's newest version ``V`` (it made or read it)
 and the table's protocol asks nothing of a writer (``minWriterVersion`` <= 2, no
 writer features), the commit is written as the Delta log entry ``V+1`` directly:
-a temp file in ``_delta_log`` hard-linked to ``<V+1>.json``, which fails if that
-version exists (put-if-absent, as deltalake does on a local filesystem). The replay
+a temp file in ``_delta_log`` moved to ``<V+1>.json`` only if that version does not
+exist (``durable.publish_new``: put-if-absent, as deltalake does on a local
+filesystem). The replay
 and fence checks use the app version the handle knew at ``V``: nothing can have
 committed after ``V`` when ``V+1`` did not exist, so check and commit are still one
 atomic step. When the link fails (another writer, or this process's own
@@ -77,6 +78,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
+from tidemark.durable import publish_new
 from tidemark.errors import SinkError, WriterFenced
 from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
 
@@ -469,18 +471,22 @@ class ShapeTable:
         lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
         log_dir = self.path / "_delta_log"
         temp = log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
-        temp.write_text("\n".join(lines) + "\n")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.link(temp, log_dir / f"{version:020d}.json")
-        except FileExistsError:
-            self._head = None
-            return None
-        except OSError as exc:  # a filesystem without hard links: the library's way
+            os.write(fd, ("\n".join(lines) + "\n").encode())
+        finally:
+            os.close(fd)
+        try:
+            published = publish_new(temp, log_dir / f"{version:020d}.json")
+        except OSError as exc:  # e.g. a filesystem without hard links: the library's way
             log.warning("commit.direct_unavailable", shape=self.shape, error=str(exc))
             self._head, self._direct = None, False
+            with contextlib.suppress(OSError):
+                temp.unlink()
             return None
-        finally:
-            temp.unlink()
+        if not published:
+            self._head = None
+            return None
         self._head = _Head(version, end_lsn, head.checkpoint_interval)
         self._behind = True
         if version % head.checkpoint_interval == 0:

@@ -345,12 +345,15 @@ def default_parallelism(spark: Any) -> int:
 
 
 def _adopt(table: ShapeTable, folder: Path) -> list[DataFile]:
-    """Move the Parquet files Spark wrote to ``folder`` into a fresh folder of ``table``."""
+    """Move the folder Spark wrote a member's files to into its table, as a fresh
+    ``data/<uuid>/`` folder: one rename, not a folder made and a rename per file
+    (directory changes cost 0.1-0.5 ms each on the disks measured)."""
     if not folder.is_dir():
         return []
     rel, target = table.new_batch_dir()
-    target.mkdir(parents=True, exist_ok=True)
-    for entry in os.scandir(folder):
-        if entry.name.endswith(".parquet") and not entry.name.startswith((".", "_")):
-            os.rename(entry.path, target / entry.name)
+    try:
+        os.rename(folder, target)
+    except FileNotFoundError:  # the table has no data/ folder yet
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(folder, target)
     return table.files_in(rel)
