@@ -264,7 +264,13 @@ async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_
         # every shape at once: small tables, so one Spark job per column layout
         done = await service.keeper.refresh(*TRUTH)
         assert all(r is not None for r in done.values()), done
-        assert not done["all_accounts"].skipped and done["all_accounts"].buckets_written == 1  # type: ignore[union-attr]
+        # (the keeper's own timer, every 0.5 s, may have folded a shape just before:
+        # then this call found nothing to do; either way the table now folds the
+        # change, and a small table is one bucket)
+        point = CurrentTable(tmp_path, "all_accounts").point()
+        committed = ShapeTable(tmp_path, "all_accounts").committed_lsn()
+        assert point is not None and committed is not None
+        assert point.lsn >= committed and point.buckets == 1, (point, committed)
         from tidemark.api.shape_view import shape_json
 
         view = shape_json(service, "all_accounts")["current"]

@@ -471,11 +471,8 @@ class ShapeTable:
         lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
         log_dir = self.path / "_delta_log"
         temp = log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, ("\n".join(lines) + "\n").encode())
-        finally:
-            os.close(fd)
+        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as fh:
+            fh.write(("\n".join(lines) + "\n").encode())
         try:
             published = publish_new(temp, log_dir / f"{version:020d}.json")
         except OSError as exc:  # e.g. a filesystem without hard links: the library's way
@@ -490,9 +487,15 @@ class ShapeTable:
         self._head = _Head(version, end_lsn, head.checkpoint_interval)
         self._behind = True
         if version % head.checkpoint_interval == 0:
-            dt = self.table()
-            dt.create_checkpoint()
-            self._know(dt)
+            # the commit has landed: a checkpoint that fails is only a slower read
+            # (the next interval writes one), never a failed commit
+            try:
+                dt = self.table()
+                dt.create_checkpoint()
+                self._know(dt)
+            except Exception as exc:
+                log.warning("commit.checkpoint_failed", shape=self.shape, error=str(exc))
+                self._head = None
         return version
 
     def _know(self, dt: DeltaTable) -> None:
