@@ -476,9 +476,7 @@ class ShapeTable:
             published = publish_new(temp, log_dir / f"{version:020d}.json")
         except OSError as exc:  # e.g. a filesystem without hard links: the library's way
             log.warning("commit.direct_unavailable", shape=self.shape, error=str(exc))
-            self._head, self._direct = None, False
-            with contextlib.suppress(OSError):
-                temp.unlink()
+            self._head, self._direct = None, False  # (publish_new removed the temp file)
             return None
         if not published:
             self._head = None

@@ -76,14 +76,17 @@ class Rows:
         values: tuple[Value, ...],
         unchanged: list[str] | None,
         size_hint: int,
-    ) -> None:
+    ) -> int:
+        """Append a row; returns the bytes it counts for (``nbytes`` grows by them)."""
         self.values.append(values)
         self.ops.append(op)
         self.kinds.append(kind)
         self.unchanged.append(unchanged)
         if unchanged:
             self.has_unchanged = True
-        self.nbytes += size_hint + ROW_OVERHEAD
+        nbytes = size_hint + ROW_OVERHEAD
+        self.nbytes += nbytes
+        return nbytes
 
     def extend(self, other: Rows) -> None:
         self.values.extend(other.values)
@@ -262,11 +265,12 @@ class ShapeBuffer:
         values: tuple[Value, ...],
         unchanged: list[str] | None,
         size_hint: int,
-    ) -> None:
+    ) -> int:
+        """Append a row to the open transaction; returns the bytes it counts for."""
         txn = self._open
         assert txn is not None, "append outside a transaction"
-        txn.rows.add(op, kind, values, unchanged, size_hint)
         txn.last_op = op
+        return txn.rows.add(op, kind, values, unchanged, size_hint)
 
     def end_txn(self, now: float) -> int:
         """Move the open transaction to ready; returns how many rows it had."""
@@ -304,12 +308,13 @@ class ShapeBuffer:
         values: tuple[Value, ...],
         unchanged: list[str] | None,
         size_hint: int,
-    ) -> None:
+    ) -> int:
+        """Append a row of a streamed transaction; returns the bytes it counts for."""
         part = self._streams.get(xid)
         if part is None:
             part = self._streams[xid] = StreamPart(xid)
-        part.rows.add(op, kind, values, unchanged, size_hint)
         part.last_op = op
+        return part.rows.add(op, kind, values, unchanged, size_hint)
 
     def stream_drop(self, xid: int, lo: int, hi: int) -> list[DataFile]:
         """A subtransaction aborted: forget the rows with ``lo <= _op < hi``; returns

@@ -301,8 +301,9 @@ class FlushScheduler:
                 )
                 for w in self.writers.values()
             ]
+            # (_reaches returned True after summing: _summed is exact)
             staging = parts_to_stage(
-                parts, self.buffered_bytes, self.policy.memory_budget, self.policy.stage_bytes
+                parts, self._summed, self.policy.memory_budget, self.policy.stage_bytes
             )
         for name in staging:
             writer = self.writers[name]

@@ -33,7 +33,7 @@ from tidemark.lsn import LogOffset
 from tidemark.pgoutput.messages import Value
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.sink.table import DataFile, ShapeTable
-from tidemark.writers.buffer import ROW_OVERHEAD, Batch, ShapeBuffer
+from tidemark.writers.buffer import Batch, ShapeBuffer
 from tidemark.writers.memory import Charge
 
 Report = Callable[[str, LogOffset], None]
@@ -126,8 +126,7 @@ class ShapeWriter:
         unchanged: list[str] | None,
         size_hint: int,
     ) -> None:
-        self.buffer.append(op, kind, values, unchanged, size_hint)
-        self.charge.added += size_hint + ROW_OVERHEAD
+        self.charge.added += self.buffer.append(op, kind, values, unchanged, size_hint)
 
     def end_txn(self, txn_last_offset: LogOffset) -> None:
         """The transaction committed; the tracker has seen its commit already."""
@@ -166,8 +165,7 @@ class ShapeWriter:
         unchanged: list[str] | None,
         size_hint: int,
     ) -> None:
-        self.buffer.stream_append(xid, op, kind, values, unchanged, size_hint)
-        self.charge.added += size_hint + ROW_OVERHEAD
+        self.charge.added += self.buffer.stream_append(xid, op, kind, values, unchanged, size_hint)
 
     def stream_drop(self, xid: int, lo: int, hi: int) -> None:
         """A subtransaction of ``xid`` aborted: its rows (``lo <= _op < hi``) go."""
