@@ -27,9 +27,10 @@ and invalidated its claim. Then:
 3. The snapshot is read in ctid chunks by the readers (two connections; a table of
    at most one chunk, 16 MiB, is read on the snapshot's own connection); each chunk
    is converted (``_kind = snapshot``) and written by pyarrow as a spool file of the
-   table, and Spark rewrites the spool files as the table's Parquet files in rounds
-   of up to ``ROUND_ROWS`` rows while the reading goes on, with lower priority than
-   stream flushes, so acknowledgements are not delayed.
+   table while its connection reads the next chunk, and Spark rewrites the spool
+   files as the table's Parquet files in rounds of up to ``ROUND_ROWS`` rows while the
+   reading goes on (a round starts early, at ``MIN_ROUND_ROWS``, when none runs), with
+   lower priority than stream flushes, so acknowledgements are not delayed.
 4. The snapshot transaction ends (the lock is released), and one Delta commit adds
    the snapshot files and removes the files noted in step 2 (older data the
    snapshot supersedes); stream files committed meanwhile stay. When the shape's
@@ -84,7 +85,10 @@ log = structlog.get_logger("tidemark.backfill")
 
 PARALLEL_READERS = 2
 SMALL_TABLE_BYTES = reader.PAGES_PER_CHUNK * 8192
-ROUND_ROWS = 2_000_000  # snapshot rows Spark rewrites from spool files in one job
+ROUND_ROWS = 2_000_000  # snapshot rows Spark rewrites from spool files in one job, at most
+# a round starts before ROUND_ROWS when no round is running and this many rows wait:
+# Spark rewrites while the readers go on, instead of idling until the last chunk
+MIN_ROUND_ROWS = 400_000
 RETAKE_FIRST_S = 0.1
 RETAKE_MAX_S = 2.0
 
@@ -321,21 +325,33 @@ async def _read_chunks(
     pending: list[DataFile] = []  # spool files no round has taken yet
     pending_rows = 0
     rounds: list[asyncio.Future[None]] = []
+    running = 0  # rounds not finished
     next_op = 0
     todo = list(reversed(chunks))
 
     async def rewrite(spooled: list[DataFile], rows: int) -> None:
+        nonlocal running
         txn = SpooledTxn(spooled, [], None, 0, 0, rows)
-        async with scheduler.backfill_slot():
-            written = await asyncio.to_thread(
-                rewrite_spooled, spark, table, schema, txn, replacing=replace_schema, spread=True
-            )
+        try:
+            async with scheduler.backfill_slot():
+                written = await asyncio.to_thread(
+                    rewrite_spooled,
+                    spark,
+                    table,
+                    schema,
+                    txn,
+                    replacing=replace_schema,
+                    spread=True,
+                )
+        finally:
+            running -= 1
         files.extend(written)
         await asyncio.to_thread(table.delete_files, spooled)
 
     def start_round() -> None:
-        nonlocal pending, pending_rows
+        nonlocal pending, pending_rows, running
         if pending:
+            running += 1
             rounds.append(asyncio.ensure_future(rewrite(pending, pending_rows)))
         pending, pending_rows = [], 0
 
@@ -343,25 +359,35 @@ async def _read_chunks(
         arrow = snapshot_table(schema, columns, text, snapshot.fence.lsn - 1, first_op, shape.name)
         return spool_arrow(table, spool, f"chunk-{first_op:012d}.parquet", arrow)
 
-    async def read_with(conn: Reader) -> None:
-        nonlocal next_op, pending_rows
+    async def spool_chunk(text: pa.Table, first_op: int) -> None:
+        nonlocal pending_rows
+        pending.append(await asyncio.to_thread(convert_and_spool, text, first_op))
+        pending_rows += text.num_rows
+        if pending_rows >= ROUND_ROWS or (not running and pending_rows >= MIN_ROUND_ROWS):
+            start_round()
+        progress.rows_done += text.num_rows
+        progress.chunks_done += 1
+
+    async def read_with(conn: Reader, group: asyncio.TaskGroup) -> None:
+        nonlocal next_op
+        # a chunk is converted and spooled while the connection reads the next one
+        # (one chunk each way: at most two of this reader's chunks in memory)
+        spooling: asyncio.Task[None] | None = None
         while todo:
             chunk = todo.pop()
             text = await reader.read_chunk(conn, shape, chunk)
             # op ranges are handed out as chunks finish (no await in between)
             first_op, next_op = next_op, next_op + text.num_rows
-            if text.num_rows:
-                pending.append(await asyncio.to_thread(convert_and_spool, text, first_op))
-                pending_rows += text.num_rows
-                if pending_rows >= ROUND_ROWS:
-                    start_round()
-            progress.rows_done += text.num_rows
-            progress.chunks_done += 1
+            if spooling is not None:
+                await spooling
+            spooling = group.create_task(spool_chunk(text, first_op))
+        if spooling is not None:
+            await spooling
 
     try:
         async with asyncio.TaskGroup() as group:
             for conn in readers:
-                group.create_task(read_with(conn))
+                group.create_task(read_with(conn, group))
         start_round()
         await asyncio.gather(*rounds)
         return files

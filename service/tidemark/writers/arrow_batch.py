@@ -89,7 +89,7 @@ def snapshot_table(
         else pa.nulls(n, spec.arrow_type)
         for spec in specs
     ]
-    arrays.append(pa.array([lsn] * n, pa.int64()))
+    arrays.append(pa.repeat(pa.scalar(lsn, pa.int64()), n))
     op_type = schema.field(OP).type
     if op_type == pa.int32() and first_op + n > 2**31:
         raise SinkError(
@@ -99,7 +99,7 @@ def snapshot_table(
             "_op"
         )
     arrays.append(pa.array(range(first_op, first_op + n), op_type))
-    arrays.append(pa.array(["snapshot"] * n, pa.string()))
+    arrays.append(pa.repeat(pa.scalar("snapshot", pa.string()), n))
     arrays.append(pa.nulls(n, pa.int64()))
     arrays.append(pa.nulls(n, pa.timestamp("us", tz="UTC")))
     arrays.append(pa.nulls(n, pa.list_(pa.string())))

@@ -124,12 +124,15 @@ def spool_batch_rows(
 def spool_arrow(table: ShapeTable, folder: str, name: str, arrow: pa.Table) -> DataFile:
     """Write ``arrow`` with pyarrow as the spool file ``folder/name`` (a slice of a
     streamed transaction or a large batch, a backfill's chunk); Spark rewrites spool
-    files into the table (``rewrite_spooled``)."""
+    files into the table (``rewrite_spooled``). Spool files are read once, soon, so
+    they are written plain: no compression, no dictionaries (1M backfill rows: 0.27 s
+    to write 5 files with snappy and dictionaries, 0.10 s plain, and Spark's rewrite
+    of them 0.87 s against 0.68 s); the table's files are Spark's, compressed."""
     import pyarrow.parquet as pq
 
     (table.path / folder).mkdir(parents=True, exist_ok=True)
     rel = f"{folder}/{name}"
-    pq.write_table(arrow, table.path / rel)
+    pq.write_table(arrow, table.path / rel, compression="none", use_dictionary=False)
     return table.file_at(rel)
 
 
