@@ -252,9 +252,15 @@ async def test_resync_while_writing_replaces_the_table_and_equals_postgres(
 async def test_a_predicate_matching_nothing_backfills_empty_and_is_ready(
     pg_db: PgDatabase,
     spark,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch,  # type: ignore[no-untyped-def]
 ) -> None:
     make_items(pg_db, 1_000)
+    rewrites = []
+    rewrite = runner.rewrite_spooled
+    monkeypatch.setattr(
+        runner, "rewrite_spooled", lambda *a, **k: rewrites.append(1) or rewrite(*a, **k)
+    )
     settings = settings_for(
         pg_db.dsn, str(tmp_path), [{"name": "none", "table": "public.items", "where": "score < 0"}]
     )
@@ -266,6 +272,9 @@ async def test_a_predicate_matching_nothing_backfills_empty_and_is_ready(
         spark, str(tmp_path), "none", "select * from items where score < 0", pg_db.dsn
     )
     assert result.equal and not result.got
+    # nothing matched, so nothing was written: no Spark job, no empty file
+    assert rewrites == []
+    assert DeltaTable(str(table_path(str(tmp_path), "none"))).file_uris() == []
 
 
 async def test_a_table_without_primary_key_needs_replica_identity_full(

@@ -378,6 +378,9 @@ async def _read_chunks(
             text = await reader.read_chunk(conn, shape, chunk)
             # op ranges are handed out as chunks finish (no await in between)
             first_op, next_op = next_op, next_op + text.num_rows
+            if not text.num_rows:
+                progress.chunks_done += 1
+                continue
             if spooling is not None:
                 await spooling
             spooling = group.create_task(spool_chunk(text, first_op))
