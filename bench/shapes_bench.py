@@ -1,13 +1,14 @@
 """Cost against the number of shapes: N equality shapes (``grp = k``) on one table,
 a steady 5k rows/s in 100-row transactions for 30 s, defaults otherwise
-(``max_age_s = 1``). For each N: how long until all (empty) shapes are ready, the
+(flush age 0.25-1 s, following the flush jobs). For each N: how long until all (empty) shapes are ready, the
 ack lag (source commit -> slot ``confirmed_flush_lsn``) p50/p99 during the load,
 how long the acknowledgement takes to reach the last commit after the load stops
 (drain), Delta commits per second and how many shape batches each Spark job wrote
 (flush rounds). Every row inserted must be committed exactly once.
 
 Usage: ``python -m bench shapes`` (N = 10, 100, 1000; ``TIDEMARK_BENCH_SHAPES=10,100``
-to choose; ``TIDEMARK_BENCH_MAX_AGE=0.5`` to try another ``flush.max_age_s``).
+to choose; ``TIDEMARK_BENCH_MAX_AGE=0.5`` and ``TIDEMARK_BENCH_MIN_AGE=0.5`` to try
+other ``flush.max_age_s`` and ``flush.min_age_s``; both the same: a fixed age).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ TXN_ROWS = 100
 LOAD_S = 30.0
 TARGET_P99_S = {100: 2.0, 1000: 5.0}
 MAX_AGE = os.environ.get("TIDEMARK_BENCH_MAX_AGE")  # default: the service's own
+MIN_AGE = os.environ.get("TIDEMARK_BENCH_MIN_AGE")  # = MAX_AGE: a fixed flush age
 # "0": without current-state tables (their refreshes share Spark with the flushes)
 CURRENT = os.environ.get("TIDEMARK_BENCH_CURRENT", "1") != "0"
 
@@ -46,7 +48,10 @@ def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
             "http": {"port": 0},
             "monitor": {"period_s": 0.5},
             "current": {"enabled": CURRENT},
-            **({"flush": {"max_age_s": float(MAX_AGE)}} if MAX_AGE else {}),
+            "flush": {
+                **({"max_age_s": float(MAX_AGE)} if MAX_AGE else {}),
+                **({"min_age_s": float(MIN_AGE)} if MIN_AGE else {}),
+            },
             "log_level": "warning",
             "shapes": [
                 {"name": f"g{k}", "table": "public.grp_items", "where": f"grp = {k}"}

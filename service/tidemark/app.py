@@ -130,6 +130,7 @@ class Service:
             max_rows=flush.max_rows,
             max_bytes=flush.max_bytes,
             max_age_s=flush.max_age_s,
+            min_age_s=flush.min_age_s,
             concurrency=flush.concurrency,
             memory_budget=flush.memory_budget_bytes,
             stage_bytes=flush.stage_bytes,

@@ -217,6 +217,9 @@ class FlushSettings(_Section):
     max_rows: int = Field(default=200_000, gt=0)
     max_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
     max_age_s: float = Field(default=1.0, gt=0)
+    # the flush age follows recent flush jobs' duration between min_age_s and max_age_s
+    # (writers/cadence.py); min_age_s >= max_age_s: fixed at max_age_s
+    min_age_s: float = Field(default=0.25, gt=0)
     concurrency: int = Field(default=4, ge=1, le=8)
     memory_budget_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     stage_bytes: int = Field(default=256 * 1024 * 1024, gt=0)

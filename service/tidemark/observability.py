@@ -290,6 +290,12 @@ class Metrics:
             "Jobs that wrote open transactions' rows out of memory (staged or spooled)",
             registry=r,
         )
+        self.flush_age = Gauge(
+            "tidemark_flush_age_seconds",
+            "How old a shape's oldest committed row gets before it is flushed: follows"
+            " recent flush jobs' duration between flush.min_age_s and flush.max_age_s",
+            registry=r,
+        )
         self.flush_rounds = Counter(
             "tidemark_flush_rounds_total",
             "Spark jobs that wrote the batches of several shapes at once (flush rounds)",
@@ -365,6 +371,7 @@ def refresh_metrics(service: Any) -> None:
     if scheduler is not None:
         m.buffered_bytes.set(scheduler.buffered_bytes)
         m.memory_budget.set(scheduler.policy.memory_budget)
+        m.flush_age.set(scheduler.flush_age_s)
         _set_counter(m.backpressure_waits, scheduler.stats.backpressure_waits)
         _set_counter(m.blocked_seconds, scheduler.stats.blocked_seconds)
         _set_counter(m.stage_jobs, scheduler.stats.stage_jobs)

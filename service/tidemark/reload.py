@@ -10,7 +10,7 @@ with (``old``) and the file read again (``new``) and returns a ``ReloadPlan``:
   snapshot); a run-time (API) shape that the file now declares with the same
   definition is *adopted* by the configuration, untouched. Run-time shapes the file
   does not name are kept.
-* **Flush settings** (``max_rows``, ``max_bytes``, ``max_age_s``,
+* **Flush settings** (``max_rows``, ``max_bytes``, ``max_age_s``, ``min_age_s``,
   ``memory_budget_bytes``, ``stage_bytes``) and ``monitor.stall_grace_s`` take effect
   at once: a new ``FlushPolicy`` built on the running one.
 * **Everything else** (source, sink, spark, http, ``flush.concurrency``,
@@ -41,6 +41,7 @@ FLUSH_FIELDS = {
     "max_rows": "max_rows",
     "max_bytes": "max_bytes",
     "max_age_s": "max_age_s",
+    "min_age_s": "min_age_s",
     "memory_budget_bytes": "memory_budget",
     "stage_bytes": "stage_bytes",
 }

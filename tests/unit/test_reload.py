@@ -22,7 +22,7 @@ BASE: dict[str, Any] = {
         {"name": "customers", "table": "public.customers"},
     ],
 }
-POLICY = FlushPolicy(max_rows=200_000, max_age_s=1.0, concurrency=4)
+POLICY = FlushPolicy(max_rows=200_000, max_age_s=1.0, min_age_s=0.25, concurrency=4)
 
 
 def settings(**changes: Any) -> Settings:
@@ -103,7 +103,7 @@ def test_flush_settings_apply_at_once_on_the_running_policy() -> None:
     old = settings()
     new = settings(flush={"max_age_s": 5.0, "max_rows": 1000}, monitor={"stall_grace_s": 60})
     plan = plan_reload(old, new, registered(old), POLICY)
-    assert plan.flush == FlushPolicy(max_rows=1000, max_age_s=5.0, concurrency=4)
+    assert plan.flush == FlushPolicy(max_rows=1000, max_age_s=5.0, min_age_s=0.25, concurrency=4)
     assert plan.changed == ("flush.max_age_s", "flush.max_rows", "monitor.stall_grace_s")
     assert plan.needs_restart == ()
     assert plan.settings is not None
@@ -133,7 +133,7 @@ def test_settings_read_only_at_start_are_named_and_not_applied() -> None:
         "spark.conf",
     )
     # only the reloadable part is applied: concurrency and the rest stay as they run
-    assert plan.flush == FlushPolicy(max_rows=200_000, max_age_s=2.0, concurrency=4)
+    assert plan.flush == FlushPolicy(max_rows=200_000, max_age_s=2.0, min_age_s=0.25, concurrency=4)
     assert plan.settings is not None
     assert plan.settings.source == old.source and plan.settings.http == old.http
     assert plan.settings.flush.concurrency == old.flush.concurrency

@@ -48,6 +48,7 @@ import structlog
 from tidemark.aio import wait_event
 from tidemark.errors import WriterFenced
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
+from tidemark.writers.cadence import Cadence
 from tidemark.writers.job import (
     ROUND_BYTES,
     CommitResult,
@@ -75,6 +76,9 @@ class FlushPolicy:
     max_rows: int = 200_000
     max_bytes: int = 128 * 1024 * 1024
     max_age_s: float = 1.0
+    # the flush age adapts between these to how long recent flush jobs took (cadence);
+    # None: fixed at max_age_s
+    min_age_s: float | None = None
     coalesce_age_s: float = 0.25
     concurrency: int = 4
     commit_concurrency: int = 8  # Delta commits of one round at once
@@ -119,6 +123,10 @@ class FlushScheduler:
         # buffered bytes at the last exact sum, and what writers appended since
         self._summed = 0
         self._charge = Charge()
+        self.cadence = Cadence()
+        # rounds launched whose Spark job has not ended (waiting for a slot or running):
+        # meanwhile shapes due by age wait and go together into the next round
+        self._rounds_writing = 0
         self.stats = SchedulerStats()
         self._clock = clock
         self._on_commit = on_commit
@@ -212,18 +220,29 @@ class FlushScheduler:
             self._wake.clear()
             await wait_event(self._wake, self._next_deadline())
 
+    @property
+    def flush_age_s(self) -> float:
+        """How old a shape's oldest ready row gets before the shape is due (``cadence``)."""
+        return self.cadence.age_s(self.policy.min_age_s, self.policy.max_age_s)
+
     def _next_deadline(self) -> float:
         now = self._clock()
         soonest = 1.0
+        age = self.flush_age_s
         for writer in self.writers.values():
             since = writer.buffer.ready_since
-            if since is not None and not writer.in_flight:
-                soonest = min(soonest, max(0.0, since + self.policy.max_age_s - now))
+            # (while a round writes, the end of its Spark job wakes the loop)
+            if since is not None and not writer.in_flight and not self._rounds_writing:
+                soonest = min(soonest, max(0.0, since + age - now))
             if writer.failure is not None and not writer.in_flight:
                 soonest = min(soonest, max(0.0, writer.failure.retry_at - now))
         return max(soonest, 0.005)
 
-    def _due(self, writer: ShapeWriter, now: float, pressure: bool) -> bool:
+    def _due(
+        self, writer: ShapeWriter, now: float, pressure: bool, age: float | None = None
+    ) -> bool:
+        """Whether the writer's ready rows should be flushed now; ``age``: the flush age,
+        None when rows old enough count whatever runs (is a flush waiting?)."""
         buf = writer.buffer
         since = buf.ready_since
         if since is None or writer.hold_commits or writer.retry is not None:
@@ -234,8 +253,17 @@ class FlushScheduler:
             or pressure
             or buf.ready_rows >= p.max_rows
             or buf.ready_bytes >= p.max_bytes
-            or now - since >= p.max_age_s
+            or now - since >= (self.flush_age_s if age is None else age)
         )
+
+    def _by_age(self) -> bool:
+        """Whether shapes may be due by age now. Not while a round's Spark job waits or
+        runs: the shapes that come due meanwhile wait for it and go into the next
+        round together, so rounds grow when Spark is busy instead of splitting the
+        shapes into several smaller jobs that share the cores and each pay a job's
+        fixed cost (1000 shapes: 310 shapes per job without this). The next round's
+        job then runs while the previous one commits."""
+        return not self._rounds_writing
 
     def _start_due_jobs(self) -> None:
         now = self._clock()
@@ -249,17 +277,22 @@ class FlushScheduler:
             ):
                 self._launch(writer, retry, writer.in_flight_bytes, writer.in_flight_lsn)
         pressure = self._reaches(self.policy.memory_budget)
-        due = [w for w in self.writers.values() if not w.in_flight and self._due(w, now, pressure)]
-        if due:
+        by_age = self._by_age()
+        age = self.flush_age_s if by_age else float("inf")
+        due = [
+            w for w in self.writers.values() if not w.in_flight and self._due(w, now, pressure, age)
+        ]
+        if due and by_age:
+            chosen = set(map(id, due))
             joiners = [
                 w
                 for w in self.writers.values()
                 if not w.in_flight
-                and w not in due
+                and id(w) not in chosen
                 and w.retry is None
                 and not w.hold_commits
                 and w.buffer.ready_since is not None
-                and now - w.buffer.ready_since >= self.policy.coalesce_age_s
+                and now - w.buffer.ready_since >= min(self.policy.coalesce_age_s, age)
             ]
             due += joiners
         # stream work first, then backfill; biggest buffers first under pressure
@@ -355,6 +388,7 @@ class FlushScheduler:
             writer.in_flight_bytes = batch.rows.nbytes
             writer.in_flight_lsn = batch.first_lsn
         self._idle.clear()
+        self._rounds_writing += 1
         task = asyncio.create_task(self._round(members), name=f"round-{len(members)}")
         self._jobs.add(task)
 
@@ -422,10 +456,12 @@ class FlushScheduler:
     async def _flush(self, writer: ShapeWriter, batch: Batch) -> None:
         schema = batch.schema if batch.schema is not None else writer.schema
         columns = batch.columns if batch.columns is not None else writer.columns
+        launched = self._clock()
         async with self._slots:
             result = await asyncio.to_thread(
                 commit_batch, self.spark, writer.table, schema, columns, batch
             )
+        self.cadence.observe(self._clock() - launched)
         self._committed(writer, batch, result)
 
     async def _round(self, members: list[tuple[ShapeWriter, Batch]]) -> dict[str, BaseException]:
@@ -442,9 +478,14 @@ class FlushScheduler:
             for writer, batch in members
         ]
         staging = self._staging_dir(members[0][0])
+        launched = self._clock()
         started = time.perf_counter()
-        async with self._slots:
-            written = await asyncio.to_thread(write_round, self.spark, specs, staging)
+        try:
+            async with self._slots:
+                written = await asyncio.to_thread(write_round, self.spark, specs, staging)
+        finally:
+            self._rounds_writing -= 1
+            self._wake.set()  # shapes due by age may form the next round now
         write_s = time.perf_counter() - started
         self.stats.rounds += 1
         self.stats.round_shapes += len(members)
@@ -460,6 +501,7 @@ class FlushScheduler:
                 self._commits, commit_files, writer.table, batch, files, write_s
             )
         outcomes = await asyncio.gather(*commits.values(), return_exceptions=True)
+        self.cadence.observe(self._clock() - launched)
         results = dict(zip(commits, outcomes, strict=True))
         for writer, batch in members:
             outcome = results.get(writer.shape)

@@ -1,0 +1,43 @@
+"""How old a shape's oldest committed row may get before the shape is flushed.
+
+A fixed age trades acknowledgement lag against Spark's fixed costs the same way under
+any load. The flush age adapts instead, between ``min_age_s`` and ``max_age_s``: it
+follows how long the recent flush jobs took, from launch (waiting for a Spark slot
+included) to their last Delta commit.
+
+* Quick jobs (few shapes, light load): the age falls to ``min_age_s``, so rows reach
+  their tables, and the acknowledgement reaches Postgres, soon after they commit.
+* Slow or queued jobs (many shapes, heavy load): the age grows with them, up to
+  ``max_age_s``, so each round takes more rows per shape: fewer jobs, files and
+  commits per row, and Spark is flushing about half the time at most because of the
+  cadence (a size limit or memory pressure still flushes at once).
+
+With ``min_age_s >= max_age_s`` the age is ``max_age_s``, fixed. Pure: the scheduler
+measures the jobs and asks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SMOOTHING = 0.5  # weight of the newest job's duration
+
+
+@dataclass(slots=True)
+class Cadence:
+    job_s: float | None = None  # smoothed duration of recent flush jobs
+
+    def observe(self, seconds: float) -> None:
+        """A flush job (a round or one shape's flush) took ``seconds``."""
+        seconds = max(0.0, seconds)
+        if self.job_s is None:
+            self.job_s = seconds
+        else:
+            self.job_s += SMOOTHING * (seconds - self.job_s)
+
+    def age_s(self, min_age_s: float | None, max_age_s: float) -> float:
+        """The flush age now: recent jobs' duration, within the bounds."""
+        low = max_age_s if min_age_s is None else min(min_age_s, max_age_s)
+        if self.job_s is None:
+            return low
+        return min(max_age_s, max(low, self.job_s))
