@@ -71,7 +71,7 @@ demo: setup
 bench: setup
 	$(PY) -m bench
 
-# tidemark's one Java class (service/tidemark/jvm/NioLocalFileSystem.java) into the
+# tidemark's Java classes (service/tidemark/jvm/*.java) into the
 # committed jar beside it. Needs a JDK (javac, jar); running tidemark needs only a JRE.
 JVM_DIR := service/tidemark/jvm
 jvm: setup

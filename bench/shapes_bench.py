@@ -1,7 +1,7 @@
 """Cost against the number of shapes: N equality shapes (``grp = k``) on one table,
-a steady 5k rows/s in 100-row transactions for 30 s, defaults otherwise
-(flush age 0.25-1 s, following the flush jobs). For each N: how long until all (empty) shapes are ready, the
-ack lag (source commit -> slot ``confirmed_flush_lsn``) p50/p99 during the load,
+a steady 5k rows/s in 100-row transactions for 30 s, defaults otherwise (flush age
+0.25-1 s, following the flush jobs). For each N: how long until all (empty) shapes are
+ready, the ack lag (source commit -> slot ``confirmed_flush_lsn``) p50/p99 during the load,
 how long the acknowledgement takes to reach the last commit after the load stops
 (drain), Delta commits per second and how many shape batches each Spark job wrote
 (flush rounds). Every row inserted must be committed exactly once.

@@ -172,18 +172,24 @@ def check_connect(remote: str, timeout_s: float = 10.0) -> None:
 def local_mode_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
     """In local mode (the JVM is tidemark's own, on this machine), ``file:`` paths go
     through ``tidemark.hadoop.NioLocalFileSystem`` (``tidemark/jvm``): the modes of
-    the files and folders Spark writes are set without a ``chmod`` process each. Not
-    on a cluster (its executors would need the jar on their class path), and not when
+    the files and folders Spark writes are set without a ``chmod`` process each; and
+    writes use ``tidemark.hadoop.DirectPartitionCommitProtocol``, with which a flush
+    round writes each member's files straight into its table's folder (a task runs
+    once in local mode; on a cluster a task may run again elsewhere). Not on a
+    cluster (its executors would need the jar on their class path), and not when
     ``conf`` chooses ``spark.hadoop.fs.file.impl`` itself."""
     from tidemark import jvm
 
-    if not master.startswith("local") or "spark.hadoop.fs.file.impl" in conf:
+    # (local-cluster[...] runs executors in JVMs of their own, without the jar)
+    local = master == "local" or master.startswith("local[")
+    if not local or "spark.hadoop.fs.file.impl" in conf:
         return {}
     if not jvm.JAR.is_file():  # an install without the package data: Hadoop's own
         return {}
     extra = conf.get("spark.driver.extraClassPath")
     return {
         "spark.hadoop.fs.file.impl": jvm.LOCAL_FS_CLASS,
+        "spark.sql.sources.commitProtocolClass": jvm.DIRECT_COMMIT_CLASS,
         "spark.driver.extraClassPath": os.pathsep.join(p for p in (str(jvm.JAR), extra) if p),
     }
 

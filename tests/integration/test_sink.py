@@ -122,6 +122,42 @@ async def test_shapes_due_together_are_written_by_one_round_and_committed_each_o
     assert not list(scheduler.staging.rglob("*.parquet"))
 
 
+async def test_a_local_round_writes_each_members_files_in_place_under_any_folder_name(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In local mode a round's tasks write each member's file straight into its table
+    (``DirectPartitionCommitProtocol``): nothing is moved afterwards, and a sink root
+    whose name has characters Spark escapes in partition folders still works."""
+    from tidemark.writers import job
+
+    assert job.writes_in_place(spark)
+
+    def no_move(*_: object) -> None:
+        raise AssertionError("a member's folder was moved: the files were not written in place")
+
+    monkeypatch.setattr(job, "_adopt", no_move)
+    root = tmp_path / "lake =:{x}^[1] ü"
+    feeder = make_feeder()
+    writers = [open_writer(feeder, str(root), name) for name in ("a", "b", "c")]
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    for w in writers:
+        scheduler.add(w)
+    feeder.txn(100, {"a": [ins(1)], "b": [ins(1), ins(2)], "c": [ins(3)]})
+    feeder.txn(200, {"a": [ins(4)], "c": [ins(5)]})
+    async with running(scheduler):
+        await scheduler.flush_all()
+    assert scheduler.stats.rounds == 1 and scheduler.stats.job_failures == 0
+    want = {"a": [(1, 100), (4, 200)], "b": [(1, 100), (2, 100)], "c": [(3, 100), (5, 200)]}
+    for w in writers:
+        assert sorted((r["id"], r["_lsn"]) for r in rows_of(w.table)) == want[w.shape]
+        (data_file,) = w.table.active_files_with_sizes()
+        assert data_file[0].startswith("data/") and (w.table.path / data_file[0]).is_file()
+    assert scheduler.staging is not None
+    assert not [p for p in scheduler.staging.rglob("*") if p.is_file()]
+
+
 def test_local_spark_writes_files_through_tidemarks_filesystem_with_hadoops_modes(
     spark,  # type: ignore[no-untyped-def]
     tmp_path: Path,

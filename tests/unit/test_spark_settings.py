@@ -132,6 +132,7 @@ def test_connect_keeps_each_job_inside_the_plan_below_grpcs_message_limit() -> N
 def test_local_mode_uses_tidemarks_local_filesystem_and_keeps_a_class_path_of_its_own() -> None:
     conf = local_mode_conf("local[2]", {})
     assert conf["spark.hadoop.fs.file.impl"] == jvm.LOCAL_FS_CLASS
+    assert conf["spark.sql.sources.commitProtocolClass"] == jvm.DIRECT_COMMIT_CLASS
     assert conf["spark.driver.extraClassPath"] == str(jvm.JAR)
     mine = local_mode_conf("local[*]", {"spark.driver.extraClassPath": "/opt/x.jar"})
     assert mine["spark.driver.extraClassPath"] == os.pathsep.join([str(jvm.JAR), "/opt/x.jar"])
@@ -139,6 +140,8 @@ def test_local_mode_uses_tidemarks_local_filesystem_and_keeps_a_class_path_of_it
 
 def test_a_cluster_or_a_filesystem_of_ones_own_keeps_hadoops() -> None:
     assert local_mode_conf("spark://127.0.0.1:7077", {}) == {}
+    assert local_mode_conf("local-cluster[2,1,1024]", {}) == {}
+    assert local_mode_conf("local", {})["spark.sql.sources.commitProtocolClass"]
     chosen = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"}
     assert local_mode_conf("local[2]", chosen) == {}
 
@@ -157,11 +160,12 @@ def test_the_committed_jar_is_built_from_the_committed_source(tmp_path: Path) ->
             jvm.compile_classpath(),
             "-d",
             str(tmp_path),
-            str(jvm.SOURCE),
+            *map(str, jvm.SOURCES),
         ],
         check=True,
     )
-    built = (tmp_path / "tidemark" / "hadoop" / "NioLocalFileSystem.class").read_bytes()
     with zipfile.ZipFile(jvm.JAR) as jar:
-        committed = jar.read("tidemark/hadoop/NioLocalFileSystem.class")
-    assert built == committed, "tidemark-jvm.jar is older than its source: run `make jvm`"
+        for source in jvm.SOURCES:
+            name = f"tidemark/hadoop/{source.stem}.class"
+            built = (tmp_path / name).read_bytes()
+            assert built == jar.read(name), "tidemark-jvm.jar is older than its source: `make jvm`"

@@ -30,9 +30,10 @@ from typing import Any
 import pyarrow as pa
 
 from tidemark.errors import SinkError
+from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
 from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema
 from tidemark.sink.table import DataFile, ShapeTable
-from tidemark.spark import arrow_parts
+from tidemark.spark import arrow_parts, is_connect
 from tidemark.writers.arrow_batch import PG_EPOCH_US, build_table
 from tidemark.writers.buffer import Batch, Rows, SpooledTxn
 
@@ -285,13 +286,16 @@ def write_round(
     the error that stopped it (a conversion error stops only that member; a failed
     Spark job every member of its layout)."""
     results: list[list[DataFile] | BaseException] = [[] for _ in members]
+    direct = writes_in_place(spark)
     layouts: dict[tuple[tuple[str, str], ...], list[int]] = {}
     for i, member in enumerate(members):
         key = tuple((f.name, str(f.type)) for f in member.schema)
         layouts.setdefault(key, []).append(i)
+    column = DIRECT_COLUMN if direct else PART
     for indexes in layouts.values():
         parts: list[pa.Table] = []
         ready: list[int] = []
+        folders: dict[int, str] = {}  # direct: the member's data/<uuid> folder
         for i in indexes:
             m = members[i]
             try:
@@ -302,15 +306,23 @@ def write_round(
             except Exception as exc:  # this member only: the others go on
                 results[i] = exc
                 continue
-            parts.append(arrow.append_column(PART, pa.array([i] * arrow.num_rows, pa.int32())))
+            if direct:
+                folders[i], target = m.table.new_batch_dir()
+                value = pa.repeat(pa.scalar(str(target), pa.string()), arrow.num_rows)
+            else:
+                value = pa.repeat(pa.scalar(i, pa.int32()), arrow.num_rows)
+            parts.append(arrow.append_column(column, value))
             ready.append(i)
         if not ready:
             continue
         try:
-            written = _write_partitioned(spark, parts, members[ready[0]].schema, staging)
+            written = _write_partitioned(spark, parts, members[ready[0]].schema, staging, column)
             for i in ready:
                 m = members[i]
-                files = _adopt(m.table, written / f"{PART}={i}")
+                if direct:
+                    files = _written_in_place(m.table, folders[i])
+                else:
+                    files = _adopt(m.table, written / f"{PART}={i}")
                 results[i] = [*m.batch.staged, *files]
             shutil.rmtree(written, ignore_errors=True)
         except Exception as exc:  # the job (or a move): every member of the layout
@@ -320,7 +332,9 @@ def write_round(
     return results
 
 
-def _write_partitioned(spark: Any, parts: list[pa.Table], schema: pa.Schema, staging: Path) -> Path:
+def _write_partitioned(
+    spark: Any, parts: list[pa.Table], schema: pa.Schema, staging: Path, column: str
+) -> Path:
     members = len(parts)
     combined = pa.concat_tables(parts)
     del parts[:]
@@ -332,9 +346,30 @@ def _write_partitioned(spark: Any, parts: list[pa.Table], schema: pa.Schema, sta
     tasks = min(default_parallelism(spark), members // MEMBERS_PER_TASK)
     for part in arrow_parts(spark, combined):
         frame = spark.createDataFrame(part, schema=target)
-        frame = frame.repartition(tasks, PART) if tasks > 1 else frame.coalesce(1)
-        frame.write.partitionBy(PART).mode("append").parquet(str(folder))
+        frame = frame.repartition(tasks, column) if tasks > 1 else frame.coalesce(1)
+        frame.write.partitionBy(column).mode("append").parquet(str(folder))
     return folder
+
+
+def writes_in_place(spark: Any) -> bool:
+    """Whether the session's writes go through ``DirectPartitionCommitProtocol``
+    (``tidemark.spark.local_mode_conf``): then a round partitions by ``_tm_dest``, each
+    member's table folder, and its tasks write there; otherwise by the member's index
+    under ``staging``, and each member's folder is moved into its table (``_adopt``)."""
+    if is_connect(spark):
+        return False
+    try:
+        chosen = spark.conf.get("spark.sql.sources.commitProtocolClass", "")
+    except Exception:
+        return False
+    return bool(chosen == DIRECT_COMMIT_CLASS)
+
+
+def _written_in_place(table: ShapeTable, rel: str) -> list[DataFile]:
+    """The files a round's tasks wrote into the member's ``data/<uuid>`` folder."""
+    if not (table.path / rel).is_dir():
+        return []
+    return table.files_in(rel)
 
 
 MEMBERS_PER_TASK = 250
