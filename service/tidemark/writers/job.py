@@ -296,16 +296,8 @@ def write_round(
         parts: list[pa.Table] = []
         ready: list[int] = []
         folders: dict[int, str] = {}  # direct: the member's data/<uuid> folder
-        for i in indexes:
+        for i, arrow in _convert(members, indexes, results):
             m = members[i]
-            try:
-                fit_table(m.table, m.schema)
-                if m.batch.kinds is None:
-                    m.batch.kinds = dict(Counter(m.batch.rows.kinds))
-                arrow = build_table(m.schema, m.specs, m.batch.rows, m.table.shape)
-            except Exception as exc:  # this member only: the others go on
-                results[i] = exc
-                continue
             if direct:
                 folders[i], target = m.table.new_batch_dir()
                 value = pa.repeat(pa.scalar(str(target), pa.string()), arrow.num_rows)
@@ -330,6 +322,54 @@ def write_round(
                 if not isinstance(results[i], BaseException):
                     results[i] = exc
     return results
+
+
+def _convert(
+    members: Sequence[RoundMember],
+    indexes: list[int],
+    results: list[list[DataFile] | BaseException],
+) -> list[tuple[int, pa.Table]]:
+    """The members' rows as Arrow, per member. Members whose columns are described
+    alike are converted together: one conversion, not one per member (about 0.8 ms
+    each, most of it fixed, for batches of a few rows: 0.65 s of a round of 800
+    shapes). A group whose conversion fails is converted member by member, so that
+    only a member whose value does not fit fails (its error goes into ``results``)."""
+    groups: dict[tuple[ColumnSpec, ...], list[int]] = {}
+    for i in indexes:
+        m = members[i]
+        try:
+            fit_table(m.table, m.schema)
+            if m.batch.kinds is None:
+                m.batch.kinds = dict(Counter(m.batch.rows.kinds))
+        except Exception as exc:  # this member only: the others go on
+            results[i] = exc
+            continue
+        groups.setdefault(tuple(m.specs), []).append(i)
+    converted: list[tuple[int, pa.Table]] = []
+    for group in groups.values():
+        first = members[group[0]]
+        if len(group) > 1:
+            rows = Rows()
+            for i in group:
+                rows.extend(members[i].batch.rows)
+            try:
+                arrow = build_table(first.schema, first.specs, rows)
+            except Exception:  # found below, member by member
+                pass
+            else:
+                offset = 0
+                for i in group:
+                    n = len(members[i].batch.rows)
+                    converted.append((i, arrow.slice(offset, n)))
+                    offset += n
+                continue
+        for i in group:
+            m = members[i]
+            try:
+                converted.append((i, build_table(m.schema, m.specs, m.batch.rows, m.table.shape)))
+            except Exception as exc:  # this member only: the others go on
+                results[i] = exc
+    return converted
 
 
 def _write_partitioned(
