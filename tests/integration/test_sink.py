@@ -123,6 +123,55 @@ async def test_shapes_due_together_are_written_by_one_round_and_committed_each_o
     assert not list(scheduler.staging.rglob("*.parquet"))
 
 
+async def test_shapes_due_while_a_round_writes_wait_and_go_into_the_next_round_together(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from tidemark.writers import scheduler as scheduler_module
+
+    real_write = scheduler_module.write_round
+    release = threading.Event()
+
+    def write_round(*args):  # type: ignore[no-untyped-def]
+        release.wait(30)  # the first round's job runs until the test lets it end
+        return real_write(*args)
+
+    monkeypatch.setattr(scheduler_module, "write_round", write_round)
+    feeder = make_feeder()
+    writers = [open_writer(feeder, str(tmp_path), name) for name in ("a", "b", "c", "d")]
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=0.05))
+    for w in writers:
+        scheduler.add(w)
+    async with running(scheduler):
+        feeder.txn(100, {"a": [ins(1)], "b": [ins(2)]})
+        scheduler.poke()
+        for _ in range(100):
+            if writers[0].in_flight:
+                break
+            await asyncio.sleep(0.02)
+        # while a and b's round writes, c and then d come due by age, at different times
+        feeder.txn(200, {"c": [ins(3)]})
+        scheduler.poke()
+        await asyncio.sleep(0.3)
+        feeder.txn(300, {"d": [ins(4)]})
+        scheduler.poke()
+        await asyncio.sleep(0.3)
+        assert not writers[2].in_flight and not writers[3].in_flight  # they wait
+        release.set()
+        for _ in range(300):
+            if feeder.notified and feeder.notified[-1] == 300:
+                break
+            await asyncio.sleep(0.05)
+    # then c and d went into one round together, not a job each
+    assert scheduler.stats.rounds == 2 and scheduler.stats.round_shapes == 4
+    want = {"a": [1], "b": [2], "c": [3], "d": [4]}
+    for w in writers:
+        assert [r["id"] for r in rows_of(w.table)] == want[w.shape]
+
+
 async def test_a_local_round_writes_each_members_files_in_place_under_any_folder_name(
     spark,  # type: ignore[no-untyped-def]
     tmp_path: Path,

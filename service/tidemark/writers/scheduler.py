@@ -126,7 +126,7 @@ class FlushScheduler:
         self.cadence = Cadence()
         # rounds launched whose Spark job has not ended (waiting for a slot or running):
         # meanwhile shapes due by age wait and go together into the next round
-        self._rounds_writing = 0
+        self._rounds_writing: set[asyncio.Task[Any]] = set()
         self.stats = SchedulerStats()
         self._clock = clock
         self._on_commit = on_commit
@@ -388,12 +388,13 @@ class FlushScheduler:
             writer.in_flight_bytes = batch.rows.nbytes
             writer.in_flight_lsn = batch.first_lsn
         self._idle.clear()
-        self._rounds_writing += 1
         task = asyncio.create_task(self._round(members), name=f"round-{len(members)}")
         self._jobs.add(task)
+        self._rounds_writing.add(task)
 
         def done(t: asyncio.Task[dict[str, BaseException]]) -> None:
             self._jobs.discard(t)
+            self._rounds_writing.discard(t)  # (a round cancelled before its job ran)
             crashed = None if t.cancelled() else t.exception()
             errors = {} if crashed is not None or t.cancelled() else t.result()
             for writer, batch in members:
@@ -484,7 +485,7 @@ class FlushScheduler:
             async with self._slots:
                 written = await asyncio.to_thread(write_round, self.spark, specs, staging)
         finally:
-            self._rounds_writing -= 1
+            self._rounds_writing.discard(asyncio.current_task())
             self._wake.set()  # shapes due by age may form the next round now
         write_s = time.perf_counter() - started
         self.stats.rounds += 1
