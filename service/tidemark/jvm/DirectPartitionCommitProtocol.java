@@ -13,8 +13,9 @@
  * standard protocol would have left.
  *
  * Every other write (no `_tm_dest` column) is the standard protocol's. Used in local
- * mode only (tidemark.spark.local_mode_conf), where a task runs once: a file name is
- * the task's split and the job's id, so a task run again would overwrite its own file.
+ * mode only (tidemark.spark.local_mode_conf). A file's name is the task's split and
+ * the job's id, so a task run again (local[N,F]) writes the same names: never a second
+ * copy of a shape's rows next to what a failed attempt left.
  *
  * Built into tidemark-jvm.jar next to this file by `make jvm`.
  */
