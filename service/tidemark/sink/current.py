@@ -243,6 +243,8 @@ class ChangelogView:
     schema: pa.Schema
     primary_key: list[str]
     files: list[ChangelogFile]
+    # rows at or below it were dropped by retention in this generation (None: none)
+    retained_lsn: int | None = None
 
     @property
     def max_lsn(self) -> int | None:
@@ -278,8 +280,15 @@ def changelog_view(table: ShapeTable) -> ChangelogView:
         for p, s, lo, hi, n in zip(paths, sizes, lows, highs, rows, strict=True)
     ]
     key = primary_key_of(schema) or table.primary_key()
+    generation = table.generation(dt)
     return ChangelogView(
-        dt.version(), table.generation(dt), str(dt.metadata().id), schema, key, files
+        dt.version(),
+        generation,
+        str(dt.metadata().id),
+        schema,
+        key,
+        files,
+        table.retained_lsn(generation, dt),
     )
 
 
@@ -341,7 +350,7 @@ def _plan(root: str | Path, shape: str) -> _Plan | RefreshResult:
         pa.schema(dt.schema().to_arrow()),  # type: ignore[union-attr]
         target,
     )
-    if regenerate and changelog.retained_lsn(view.generation) is not None:
+    if regenerate and view.retained_lsn is not None:
         raise SinkError(
             f"shape '{shape}': changelog retention dropped rows of its changelog, and its "
             f"current-state table {table.uri} is gone or of another generation, so it "
@@ -780,7 +789,7 @@ def compact_changelog(
     view = changelog_view(changelog)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     boundary = retention_boundary(table.points(), view.generation, retention_hours, now)
-    done = changelog.retained_lsn(view.generation)
+    done = view.retained_lsn
     if boundary is None or (done is not None and boundary <= done):
         return None
     old = [f for f in view.files if f.min_lsn is None or f.min_lsn <= boundary]
