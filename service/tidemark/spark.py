@@ -174,8 +174,7 @@ def local_mode_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
     through ``tidemark.hadoop.NioLocalFileSystem`` (``tidemark/jvm``): the modes of
     the files and folders Spark writes are set without a ``chmod`` process each; and
     writes use ``tidemark.hadoop.DirectPartitionCommitProtocol``, with which a flush
-    round writes each member's files straight into its table's folder (a task runs
-    once in local mode; on a cluster a task may run again elsewhere). Not on a
+    round writes each member's files straight into its table's folder. Not on a
     cluster (its executors would need the jar on their class path), and not when
     ``conf`` chooses ``spark.hadoop.fs.file.impl`` itself."""
     from tidemark import jvm

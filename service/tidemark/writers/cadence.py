@@ -9,8 +9,7 @@ included) to their last Delta commit.
   their tables, and the acknowledgement reaches Postgres, soon after they commit.
 * Slow or queued jobs (many shapes, heavy load): the age grows with them, up to
   ``max_age_s``, so each round takes more rows per shape: fewer jobs, files and
-  commits per row, and Spark is flushing about half the time at most because of the
-  cadence (a size limit or memory pressure still flushes at once).
+  commits per row (a size limit or memory pressure still flushes at once).
 
 With ``min_age_s >= max_age_s`` the age is ``max_age_s``, fixed. Pure: the scheduler
 measures the jobs and asks.

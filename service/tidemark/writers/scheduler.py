@@ -228,21 +228,20 @@ class FlushScheduler:
     def _next_deadline(self) -> float:
         now = self._clock()
         soonest = 1.0
+        # (while a round writes, the end of its Spark job wakes the loop)
+        by_age = self._by_age()
         age = self.flush_age_s
         for writer in self.writers.values():
             since = writer.buffer.ready_since
-            # (while a round writes, the end of its Spark job wakes the loop)
-            if since is not None and not writer.in_flight and not self._rounds_writing:
+            if by_age and since is not None and not writer.in_flight:
                 soonest = min(soonest, max(0.0, since + age - now))
             if writer.failure is not None and not writer.in_flight:
                 soonest = min(soonest, max(0.0, writer.failure.retry_at - now))
         return max(soonest, 0.005)
 
-    def _due(
-        self, writer: ShapeWriter, now: float, pressure: bool, age: float | None = None
-    ) -> bool:
-        """Whether the writer's ready rows should be flushed now; ``age``: the flush age,
-        None when rows old enough count whatever runs (is a flush waiting?)."""
+    def _due(self, writer: ShapeWriter, now: float, pressure: bool, age: float) -> bool:
+        """Whether the writer's ready rows should be flushed now, ``age`` being how old
+        its oldest ready row may get (the flush age, or inf: not due by age)."""
         buf = writer.buffer
         since = buf.ready_since
         if since is None or writer.hold_commits or writer.retry is not None:
@@ -253,7 +252,7 @@ class FlushScheduler:
             or pressure
             or buf.ready_rows >= p.max_rows
             or buf.ready_bytes >= p.max_bytes
-            or now - since >= (self.flush_age_s if age is None else age)
+            or now - since >= age
         )
 
     def _by_age(self) -> bool:
@@ -638,9 +637,10 @@ class FlushScheduler:
     async def backfill_slot(self) -> AsyncIterator[None]:
         """A job slot for backfill work, taken only while no stream flush is waiting."""
         while True:
-            now = self._clock()
+            now, age = self._clock(), self.flush_age_s
+            # (rows as old as the flush age count as waiting even while a round writes)
             waiting = any(
-                not w.in_flight and not w.backfill and self._due(w, now, False)
+                not w.in_flight and not w.backfill and self._due(w, now, False, age)
                 for w in self.writers.values()
             )
             if not waiting and not self._slots.locked():
