@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tidemark.errors import SinkError, UnfitValue
 from tidemark.pgoutput.messages import UNCHANGED_TOAST
@@ -70,6 +71,13 @@ def _column(spec: ColumnSpec, values: Sequence[object] | pa.Array, shape: str | 
         raise refused.within(column=spec.name, shape=shape) from None
 
 
+def _counting(first: int, n: int) -> pa.Array:
+    """int64 ``first, first + 1, ..., first + n - 1``; pyarrow's own kernels, not a
+    Python ``range`` (16 ms per 200k rows against 1 ms)."""
+    ones = pa.repeat(pa.scalar(1, pa.int64()), n)
+    return pc.add(pc.cumulative_sum(ones), pa.scalar(first - 1, pa.int64()))
+
+
 def snapshot_table(
     schema: pa.Schema,
     specs: Sequence[ColumnSpec],
@@ -98,7 +106,7 @@ def snapshot_table(
             "the shape (POST /shapes/{name}/resync), which rewrites its table with an int64 "
             "_op"
         )
-    arrays.append(pa.array(range(first_op, first_op + n), op_type))
+    arrays.append(_counting(first_op, n).cast(op_type))
     arrays.append(pa.repeat(pa.scalar("snapshot", pa.string()), n))
     arrays.append(pa.nulls(n, pa.int64()))
     arrays.append(pa.nulls(n, pa.timestamp("us", tz="UTC")))
