@@ -8,9 +8,11 @@ counts: the table is then built or rebuilt from it; so does a shape's first
 folded. The shapes due at one moment are refreshed in one go
 (``current.refresh_many``: the small ones in one Spark job per column layout), in
 the scheduler's backfill slot: only while no stream flush waits for Spark, so the
-stream goes first; they read committed changelog files and never hold a flush or the
-acknowledgement. A shape that is not ready (its backfill has not committed) is not
-refreshed: its changelog is not a whole state yet.
+stream goes first, and in Spark's background pool, so a flush started meanwhile gets
+the task slots first (``tidemark.spark.background_jobs``); they read committed
+changelog files and never hold a flush or the acknowledgement. A shape that is not
+ready (its backfill has not committed) is not refreshed: its changelog is not a whole
+state yet.
 
 The hourly upkeep (``maintain``) adds, per shape and between its flushes: changelog
 retention (``[sink] changelog_retention_hours``: ``compact_changelog``), vacuum of
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from tidemark.sink import current
+from tidemark.spark import in_background
 from tidemark.writers.job import default_parallelism
 
 if TYPE_CHECKING:
@@ -187,6 +190,8 @@ class CurrentKeeper:
                 await held.enter_async_context(self.scheduler.backfill_slot())
                 work = asyncio.ensure_future(
                     asyncio.to_thread(
+                        in_background,
+                        self.spark,
                         current.refresh_many,
                         self.spark,
                         self.root,
@@ -262,7 +267,13 @@ class CurrentKeeper:
             hours = sink.changelog_retention_hours
             if hours is not None and self.settings.current.enabled:
                 retained = await asyncio.to_thread(
-                    current.compact_changelog, self.spark, self.root, name, hours
+                    in_background,
+                    self.spark,
+                    current.compact_changelog,
+                    self.spark,
+                    self.root,
+                    name,
+                    hours,
                 )
                 if retained is not None:
                     self.metrics.changelog_retained_lsn.labels(name).set(retained.retained_lsn)

@@ -20,6 +20,9 @@ from tidemark.errors import ConfigError
 from tidemark.spark import (
     CONNECT_CONF,
     CONNECT_JOB_BYTES,
+    DRIVER_LISTING_PATHS,
+    LISTING_THRESHOLD,
+    OPEN_COST,
     arrow_parts,
     check_connect,
     connect_address,
@@ -134,6 +137,8 @@ def test_local_mode_uses_tidemarks_local_filesystem_and_keeps_a_class_path_of_it
     assert conf["spark.hadoop.fs.file.impl"] == jvm.LOCAL_FS_CLASS
     assert conf["spark.sql.sources.commitProtocolClass"] == jvm.DIRECT_COMMIT_CLASS
     assert conf["spark.driver.extraClassPath"] == str(jvm.JAR)
+    assert conf[LISTING_THRESHOLD] == str(DRIVER_LISTING_PATHS)  # files listed in the driver
+    assert conf[OPEN_COST] == "0"  # small files packed by size, a task per core
     mine = local_mode_conf("local[*]", {"spark.driver.extraClassPath": "/opt/x.jar"})
     assert mine["spark.driver.extraClassPath"] == os.pathsep.join([str(jvm.JAR), "/opt/x.jar"])
 
@@ -143,7 +148,10 @@ def test_a_cluster_or_a_filesystem_of_ones_own_keeps_hadoops() -> None:
     assert local_mode_conf("local-cluster[2,1,1024]", {}) == {}
     assert local_mode_conf("local", {})["spark.sql.sources.commitProtocolClass"]
     chosen = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"}
-    assert local_mode_conf("local[2]", chosen) == {}
+    assert local_mode_conf("local[2]", chosen) == {
+        LISTING_THRESHOLD: str(DRIVER_LISTING_PATHS),
+        OPEN_COST: "0",
+    }
 
 
 @pytest.mark.skipif(

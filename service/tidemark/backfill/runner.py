@@ -30,7 +30,8 @@ and invalidated its claim. Then:
    table while its connection reads the next chunk, and Spark rewrites the spool
    files as the table's Parquet files in rounds of up to ``ROUND_ROWS`` rows while the
    reading goes on (a round starts early, at ``MIN_ROUND_ROWS``, when none runs), with
-   lower priority than stream flushes, so acknowledgements are not delayed.
+   lower priority than stream flushes (a round starts only while no flush waits, and
+   its tasks run in Spark's background pool: ``tidemark.spark.background_jobs``).
 4. The snapshot transaction ends (the lock is released), and one Delta commit adds
    the snapshot files and removes the files noted in step 2 (older data the
    snapshot supersedes); stream files committed meanwhile stay. When the shape's
@@ -75,6 +76,7 @@ from tidemark.backfill.reader import (
 from tidemark.shapes.model import BoundShape
 from tidemark.shapes.partitions import fingerprint
 from tidemark.sink.table import DataFile
+from tidemark.spark import in_background
 from tidemark.writers.arrow_batch import snapshot_table
 from tidemark.writers.buffer import SpooledTxn
 from tidemark.writers.job import rewrite_spooled, spool_arrow
@@ -335,6 +337,8 @@ async def _read_chunks(
         try:
             async with scheduler.backfill_slot():
                 written = await asyncio.to_thread(
+                    in_background,
+                    spark,
                     rewrite_spooled,
                     spark,
                     table,
