@@ -57,15 +57,17 @@ CONNECT_CONF: Mapping[str, str] = {
     "spark.sql.session.localRelationCacheThreshold": str(4 * CONNECT_JOB_BYTES),
 }
 
+# local mode: see local_mode_conf
+LISTING_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+DRIVER_LISTING_PATHS = 1_000_000
+OPEN_COST = "spark.sql.files.openCostInBytes"
+
 # Spark's scheduler pools for a classic session: stream flushes (the acknowledgement
 # waits for them) in "default", offered every free task slot first; current-table
 # refreshes, backfill rewrites and changelog retention in BACKGROUND_POOL
 # (``background_jobs``). With Spark's default FIFO scheduling a job's queued tasks
 # all run before a later job's: a flush started during a refresh of 1000 current
 # tables (one job of 13-24 s) would wait for all of it.
-LISTING_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
-DRIVER_LISTING_PATHS = 1_000_000
-OPEN_COST = "spark.sql.files.openCostInBytes"
 FAIR_POOLS = Path(__file__).with_name("spark_pools.xml")
 BACKGROUND_POOL = "background"
 
