@@ -26,8 +26,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -65,9 +64,9 @@ OPEN_COST = "spark.sql.files.openCostInBytes"
 # Spark's scheduler pools for a classic session: stream flushes (the acknowledgement
 # waits for them) in "default", offered every free task slot first; current-table
 # refreshes, backfill rewrites and changelog retention in BACKGROUND_POOL
-# (``background_jobs``). With Spark's default FIFO scheduling a job's queued tasks
+# (``in_background``). With Spark's default FIFO scheduling a job's queued tasks
 # all run before a later job's: a flush started during a refresh of 1000 current
-# tables (one job of 13-24 s) would wait for all of it.
+# tables (one job of 13-24 s) would wait for all its queued tasks.
 FAIR_POOLS = Path(__file__).with_name("spark_pools.xml")
 BACKGROUND_POOL = "background"
 
@@ -99,19 +98,16 @@ DEFAULT_CONF: Mapping[str, str] = {
     # a 100-shape round's Spark job went from 1.04 s to 0.71 s (bench/shapes_bench.py).
     # In local mode ``local_mode_conf`` goes further: no child process at all.
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    # flushes before upkeep (FAIR_POOLS); an install without the file: Spark's FIFO
+    **(
+        {"spark.scheduler.mode": "FAIR", "spark.scheduler.allocation.file": str(FAIR_POOLS)}
+        if FAIR_POOLS.is_file()
+        else {}
+    ),
     "spark.driver.memory": "2g",
     "spark.driver.extraJavaOptions": "-XX:+UseG1GC -Djdk.lang.Process.launchMechanism=VFORK",
     "spark.executor.extraJavaOptions": "-Djdk.lang.Process.launchMechanism=VFORK",
 }
-
-
-if FAIR_POOLS.is_file():  # (an install without the package data: Spark's FIFO)
-    # flushes before upkeep: see FAIR_POOLS and background_jobs
-    DEFAULT_CONF = {
-        **DEFAULT_CONF,
-        "spark.scheduler.mode": "FAIR",
-        "spark.scheduler.allocation.file": str(FAIR_POOLS),
-    }
 
 
 def java_major_version() -> int | None:
@@ -148,28 +144,19 @@ def is_connect(spark: Any) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-@contextmanager
-def background_jobs(spark: Any) -> Iterator[None]:
-    """Inside, the Spark jobs this thread starts run in ``BACKGROUND_POOL``: a stream
-    flush's tasks go first (``FAIR_POOLS``). The pool is a property of the calling
-    thread, which is reset after. Spark Connect: no change (the server's scheduler
-    decides; see the README)."""
+def in_background(spark: Any, call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)`` with the Spark jobs it starts in ``BACKGROUND_POOL``, so
+    a stream flush's tasks go first (``FAIR_POOLS``). The pool is a property of the
+    calling thread (give this to ``asyncio.to_thread``), reset after. Spark Connect:
+    no change (the server's scheduler decides; see the README)."""
     if is_connect(spark):
-        yield
-        return
+        return call(*args, **kwargs)
     context = spark.sparkContext
     context.setLocalProperty("spark.scheduler.pool", BACKGROUND_POOL)
     try:
-        yield
+        return call(*args, **kwargs)
     finally:
         context.setLocalProperty("spark.scheduler.pool", None)
-
-
-def in_background(spark: Any, call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """``call(*args, **kwargs)`` with its Spark jobs in the background pool (for
-    ``asyncio.to_thread``: the pool is set in the worker thread that runs it)."""
-    with background_jobs(spark):
-        return call(*args, **kwargs)
 
 
 def arrow_parts(spark: Any, arrow: pa.Table) -> list[pa.Table]:
@@ -225,12 +212,13 @@ def local_mode_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
 
     * Spark lists the files a job reads in the driver, however many
       (``LISTING_THRESHOLD``). Above 32 paths it otherwise lists them with a Spark job
-      of one task per path: a current-table refresh reading 6000 changelog files
-      spent 12-16 s there, against 0.6-0.7 s listed in the driver.
-    * A job reading many small files packs them into as many tasks as there are
-      cores, by size (``spark.sql.files.openCostInBytes`` 0): Spark's default counts
-      4 MiB per file and made ~90 tasks of 3000 changelog files of 5 KiB, whose
-      scan took 2.9-3.2 s against 1.8-2.2 s.
+      of one task per path: listing 6000 small files took 11.6-16 s that way, 0.6-0.7
+      s in the driver (a refresh's 5996 changelog files: 12.9 s; 4894 in the driver:
+      1.2 s).
+    * A job reading many small files packs them into tasks by their size
+      (``spark.sql.files.openCostInBytes`` 0; Spark's default counts 4 MiB per file,
+      so many more tasks): a scan of 3000 Parquet files of 15 rows took 1.8-2.2 s
+      against 2.9-3.2 s.
     * ``file:`` paths go through ``tidemark.hadoop.NioLocalFileSystem``
       (``tidemark/jvm``): the modes of the files and folders Spark writes are set
       without a ``chmod`` process each; and writes use

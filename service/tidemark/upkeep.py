@@ -9,7 +9,7 @@ folded. The shapes due at one moment are refreshed in one go
 (``current.refresh_many``: the small ones in one Spark job per column layout), in
 the scheduler's backfill slot: only while no stream flush waits for Spark, so the
 stream goes first, and in Spark's background pool, so a flush started meanwhile gets
-the task slots first (``tidemark.spark.background_jobs``); they read committed
+the task slots first (``tidemark.spark.in_background``); they read committed
 changelog files and never hold a flush or the acknowledgement. A shape that is not
 ready (its backfill has not committed) is not refreshed: its changelog is not a whole
 state yet.

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tidemark.spark import BACKGROUND_POOL, background_jobs, in_background
+from tidemark.spark import BACKGROUND_POOL, in_background
 
 pytestmark = pytest.mark.integration
 
@@ -51,14 +51,17 @@ def test_a_flush_job_goes_ahead_of_the_background_jobs_queued_tasks(spark: Any) 
     assert ended["flush"] < ended["background"]
 
 
-def test_background_jobs_set_the_threads_pool_and_reset_it(spark: Any) -> None:
+def test_in_background_sets_the_threads_pool_and_resets_it(spark: Any) -> None:
     context = spark.sparkContext
     assert context.getLocalProperty(POOL) is None
-    with background_jobs(spark):
-        assert context.getLocalProperty(POOL) == BACKGROUND_POOL
+    assert in_background(spark, context.getLocalProperty, POOL) == BACKGROUND_POOL
     assert context.getLocalProperty(POOL) is None
-    with pytest.raises(RuntimeError), background_jobs(spark):
+
+    def failing() -> None:
         raise RuntimeError("a failed refresh")
+
+    with pytest.raises(RuntimeError):
+        in_background(spark, failing)
     assert context.getLocalProperty(POOL) is None  # reset after a failure too
     scheduler = context._jsc.sc()
     background = scheduler.getPoolForName(BACKGROUND_POOL).get()

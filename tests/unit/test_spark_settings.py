@@ -138,7 +138,7 @@ def test_local_mode_uses_tidemarks_local_filesystem_and_keeps_a_class_path_of_it
     assert conf["spark.sql.sources.commitProtocolClass"] == jvm.DIRECT_COMMIT_CLASS
     assert conf["spark.driver.extraClassPath"] == str(jvm.JAR)
     assert conf[LISTING_THRESHOLD] == str(DRIVER_LISTING_PATHS)  # files listed in the driver
-    assert conf[OPEN_COST] == "0"  # small files packed by size, a task per core
+    assert conf[OPEN_COST] == "0"  # small files packed by their size
     mine = local_mode_conf("local[*]", {"spark.driver.extraClassPath": "/opt/x.jar"})
     assert mine["spark.driver.extraClassPath"] == os.pathsep.join([str(jvm.JAR), "/opt/x.jar"])
 

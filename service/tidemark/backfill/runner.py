@@ -31,7 +31,7 @@ and invalidated its claim. Then:
    files as the table's Parquet files in rounds of up to ``ROUND_ROWS`` rows while the
    reading goes on (a round starts early, at ``MIN_ROUND_ROWS``, when none runs), with
    lower priority than stream flushes (a round starts only while no flush waits, and
-   its tasks run in Spark's background pool: ``tidemark.spark.background_jobs``).
+   its tasks run in Spark's background pool: ``tidemark.spark.in_background``).
 4. The snapshot transaction ends (the lock is released), and one Delta commit adds
    the snapshot files and removes the files noted in step 2 (older data the
    snapshot supersedes); stream files committed meanwhile stay. When the shape's
