@@ -153,13 +153,21 @@ async def test_backfill_under_concurrent_writes_equals_postgres(
     assert not spool.exists() or list(spool.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("extra", "kind"),
+    [("", "CopyReader"), ("keepalives=1", "ThreadedReader")],
+    ids=["asyncpg", "psycopg"],
+)
 async def test_a_table_bigger_than_one_chunk_is_read_by_two_connections_at_once(
     pg_db: PgDatabase,
     spark,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+    extra: str,
+    kind: str,
 ) -> None:
-    # given a plain table of several chunks
+    # given a plain table of several chunks, and a DSN asyncpg takes (the readers use
+    # asyncpg) or one with a parameter only libpq implements (they use psycopg)
     make_items(pg_db, 30_000)
     monkeypatch.setattr(reader, "PAGES_PER_CHUNK", 20)
     async with await psycopg.AsyncConnection.connect(pg_db.dsn) as conn:
@@ -170,9 +178,11 @@ async def test_a_table_bigger_than_one_chunk_is_read_by_two_connections_at_once(
     monkeypatch.setattr(runner, "SMALL_TABLE_BYTES", size // 2)
     at_once: list[int] = []
     reading: set[int] = set()
+    kinds: set[str] = set()
     original = reader.read_chunk
 
     async def read_chunk(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        kinds.add(type(conn).__name__)
         reading.add(id(conn))
         at_once.append(len(reading))
         try:
@@ -182,11 +192,13 @@ async def test_a_table_bigger_than_one_chunk_is_read_by_two_connections_at_once(
             reading.discard(id(conn))
 
     monkeypatch.setattr(reader, "read_chunk", read_chunk)
-    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
+    dsn = pg_db.dsn + (("&" if "?" in pg_db.dsn else "?") + extra if extra else "")
+    settings = settings_for(dsn, str(tmp_path), [HIGH_SHAPE])
     async with running_service(settings, spark) as service:
         await wait_frontiers(service, current_lsn(pg_db.dsn))
     # then two connections read chunks at the same time, and the shape equals Postgres
     assert max(at_once) == 2, at_once
+    assert kinds == {kind}
     result = compare_shape(spark, str(tmp_path), "high", HIGH, pg_db.dsn)
     assert result.equal, result.describe()
     assert keys_unique(tmp_path, "high")

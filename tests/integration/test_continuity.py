@@ -71,6 +71,19 @@ def slow_chunks(monkeypatch: pytest.MonkeyPatch, seconds: float, pages: int = 50
         monkeypatch.setattr(runner, "read_chunk", read_chunk)
 
 
+def parallel_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backfills read with the two reader connections (asyncpg, for the test servers'
+    URLs), not on the snapshot's own connection, however small the table."""
+    import tidemark.backfill.runner as runner
+
+    monkeypatch.setattr(runner, "SMALL_TABLE_BYTES", 0)
+
+
+PARALLEL = pytest.mark.parametrize(
+    "parallel", [False, True], ids=["one_connection", "parallel_readers"]
+)
+
+
 # -- 1. the slot is dropped while tidemark is stopped ------------------------------------
 
 
@@ -261,12 +274,19 @@ async def test_a_second_schema_change_during_a_backfill_supersedes_it(
 
 
 @one_server()
+@PARALLEL
 async def test_vacuum_full_during_a_backfill_waits_for_it(
-    pg_db: PgDatabase, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_db: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parallel: bool,
 ) -> None:
     make_items(pg_db, 60_000)
     pg_db.execute("delete from items where id % 3 = 0 and id < 40000")  # holes to compact
     slow_chunks(monkeypatch, 0.3, pages=40)
+    if parallel:  # each of the two reader connections holds its own lock
+        parallel_readers(monkeypatch)
     settings = settings_for(pg_db.dsn, str(tmp_path), [])
     vacuum: dict[str, float] = {}
 
@@ -477,11 +497,18 @@ async def test_a_ready_shape_frontier_covers_its_snapshot_and_older_reads_are_re
 
 
 @one_server()
+@PARALLEL
 async def test_removing_a_shape_during_its_backfill_cancels_it_and_releases_acks(
-    pg_db: PgDatabase, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_db: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parallel: bool,
 ) -> None:
     make_items(pg_db, 40_000)
     slow_chunks(monkeypatch, 0.5, pages=20)
+    if parallel:
+        parallel_readers(monkeypatch)
     other = {"name": "low", "table": "public.items", "where": "score < 10"}
     settings = settings_for(pg_db.dsn, str(tmp_path), [other])
     async with running_service(settings, spark) as service:
@@ -507,13 +534,20 @@ async def test_removing_a_shape_during_its_backfill_cancels_it_and_releases_acks
 
 
 @one_server()
+@PARALLEL
 async def test_a_backfill_interrupted_by_a_postgres_restart_is_retried(
-    pg_db: PgDatabase, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_db: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parallel: bool,
 ) -> None:
     if pg_db.server.embedded is None:
         pytest.skip("needs a server this test can restart (the embedded one)")
     make_items(pg_db, 20_000)
     slow_chunks(monkeypatch, 0.5, pages=20)
+    if parallel:
+        parallel_readers(monkeypatch)
     settings = settings_for(pg_db.dsn, str(tmp_path), [])
     async with running_service(settings, spark) as service:
         await service.add_shape(ShapeDefinition(**HIGH_SHAPE))

@@ -26,6 +26,11 @@ snapshot is taken). Plain ``VACUUM`` only removes rows no snapshot of ours sees.
 Each chunk is ``COPY (SELECT <columns> FROM <table> WHERE <predicate> AND <ctid
 range>) TO STDOUT (FORMAT csv)`` parsed by Arrow's CSV reader into text columns,
 which ``tidemark.pgoutput.values.to_arrow`` types exactly as it types the stream.
+The parallel readers receive the COPY with asyncpg (``CopyReader``), whose protocol
+code gathers Postgres's one-message-per-row stream into large buffers without a
+Python step per row (1M rows: 0.30-0.36 s of CPU in our process against 0.69-0.79 s
+with psycopg's blocking copy, which was the cheapest psycopg way); a DSN with
+connection parameters asyncpg does not implement keeps psycopg (``ThreadedReader``).
 
 The query is built from the validated shape: identifiers quoted, the predicate
 regenerated from its sqlglot tree (``predicate_sql``), never the user's string;
@@ -37,9 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import shlex
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import asyncpg
 import psycopg
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -47,7 +56,7 @@ from psycopg import sql
 
 from tidemark.backfill.fence import SnapshotFence
 from tidemark.lsn import Lsn
-from tidemark.replication.client import session_options
+from tidemark.replication.client import SESSION_OPTIONS, session_options
 from tidemark.replication.slot import SOURCE_WAL_LSN
 from tidemark.shapes.identifiers import quote_identifier
 from tidemark.shapes.model import BoundShape
@@ -165,7 +174,156 @@ class ThreadedReader:
         await asyncio.to_thread(self.conn.close)
 
 
-Reader = psycopg.AsyncConnection[tuple[object, ...]] | ThreadedReader
+# libpq connection parameters asyncpg implements alike (its DSN parser reads them
+# from a URL's query); any other (keepalives, hostaddr, gssencmode, ...) keeps psycopg
+_ASYNCPG_PARAMS = frozenset(
+    {
+        "host",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "service",
+        "sslmode",
+        "sslcert",
+        "sslkey",
+        "sslrootcert",
+        "sslcrl",
+        "sslpassword",
+        "sslnegotiation",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "target_session_attrs",
+        "krbsrvname",
+        "gsslib",
+    }
+)
+
+# libpq's environment variables for connection parameters asyncpg does not read: when
+# one is set, psycopg (libpq) connects, so that both kinds of readers connect alike
+_LIBPQ_ONLY_ENV = (
+    "PGOPTIONS",
+    "PGAPPNAME",
+    "PGHOSTADDR",
+    "PGCONNECT_TIMEOUT",
+    "PGCLIENTENCODING",
+    "PGSERVICE",
+    "PGGSSENCMODE",
+    "PGGSSDELEGATION",
+    "PGREQUIRESSL",
+    "PGREQUIREAUTH",
+    "PGREQUIREPEER",
+    "PGCHANNELBINDING",
+    "PGLOADBALANCEHOSTS",
+    "PGSSLCERTMODE",
+)
+
+
+def asyncpg_target(dsn: str) -> tuple[str, dict[str, str], float | None] | None:
+    """``dsn`` (a libpq conninfo or URL) as asyncpg's connect arguments: a URL, the
+    server settings (the DSN's ``-c`` options, ``application_name`` and our session
+    settings) and the connect timeout; None when the DSN uses a parameter asyncpg
+    does not implement, or ``options`` other than ``-c name=value``."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    if any(os.environ.get(name) for name in _LIBPQ_ONLY_ENV):
+        return None
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    settings: dict[str, str] = {}
+    words = shlex.split(params.pop("options", ""))
+    words += shlex.split(SESSION_OPTIONS)
+    while words:
+        word = words.pop(0)
+        if word == "-c" and words:
+            word = words.pop(0)
+        elif word.startswith(("-c", "--")):
+            word = word[2:]
+        else:
+            return None
+        name, equals, value = word.partition("=")
+        if not equals:
+            return None
+        settings[name.replace("-", "_")] = value
+    fallback = params.pop("fallback_application_name", "")
+    app = params.pop("application_name", "") or fallback
+    if app:
+        settings["application_name"] = app
+    timeout = params.pop("connect_timeout", "")
+    if not set(params) <= _ASYNCPG_PARAMS:
+        return None
+    url = "postgresql://" + ("?" + urllib.parse.urlencode(params) if params else "")
+    return url, settings, float(timeout) if timeout and float(timeout) > 0 else None
+
+
+class CopyReader:
+    """A reader connection made with asyncpg, for the chunks of a table bigger than
+    one: Postgres sends a ``COPY``'s rows one message each, and asyncpg's protocol
+    code hands them over in large buffers, with no Python step per row.
+
+    One statement at a time; errors keep psycopg's classes where the runner tells
+    them apart (a lock not granted in time). ``close`` ends the connection at once
+    when a statement was interrupted (its transaction only reads)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self._interrupted = False
+
+    @classmethod
+    async def connect(cls, target: tuple[str, dict[str, str], float | None]) -> CopyReader:
+        url, settings, timeout = target
+        kwargs: dict[str, object] = {"server_settings": settings, "statement_cache_size": 0}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        return cls(await asyncpg.connect(url, **kwargs))
+
+    async def execute(self, query: str | sql.Composed) -> None:
+        text = query if isinstance(query, str) else query.as_string(None)
+        try:
+            await self.conn.execute(text)
+        except asyncpg.exceptions.LockNotAvailableError as exc:
+            raise psycopg.errors.LockNotAvailable(str(exc)) from exc
+        except BaseException:
+            self._interrupted = True
+            raise
+
+    async def read_chunk(self, shape: BoundShape, chunk: Chunk) -> pa.Table:
+        parts: list[bytes] = []
+
+        async def gather(data: bytes) -> None:
+            parts.append(data)
+
+        try:
+            await self.conn.copy_from_query(
+                snapshot_query(shape, chunk).as_string(None), output=gather, format="csv"
+            )
+        except BaseException:
+            self._interrupted = True
+            raise
+        data = b"".join(parts)
+        parts.clear()
+        # parsed in a thread (Arrow releases the GIL): the other readers' COPY goes on
+        return await asyncio.to_thread(parse_csv, data, [c.name for c in shape.output_columns])
+
+    async def close(self) -> None:
+        if self._interrupted or self.conn.is_closed():
+            self.conn.terminate()
+            return
+        try:
+            await self.conn.close(timeout=5)
+        except Exception:
+            self.conn.terminate()
+
+
+async def connect_parallel_reader(dsn: str) -> CopyReader | ThreadedReader:
+    """A reader connection for one of a large table's parallel readers."""
+    target = asyncpg_target(dsn)
+    if target is None:
+        return await ThreadedReader.connect(dsn)
+    return await CopyReader.connect(target)
+
+
+Reader = psycopg.AsyncConnection[tuple[object, ...]] | ThreadedReader | CopyReader
 
 
 async def import_snapshot(conn: Reader, snapshot_id: str) -> None:
@@ -273,7 +431,7 @@ def copy_query(shape: BoundShape, chunk: Chunk) -> sql.Composed:
 async def read_chunk(conn: Reader, shape: BoundShape, chunk: Chunk) -> pa.Table:
     """The chunk's rows, read on a reader connection inside its snapshot transaction,
     as a table of text columns (output column names)."""
-    if isinstance(conn, ThreadedReader):
+    if isinstance(conn, ThreadedReader | CopyReader):
         return await conn.read_chunk(shape, chunk)
     buffer = io.BytesIO()
     query = copy_query(shape, chunk)

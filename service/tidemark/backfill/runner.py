@@ -63,10 +63,12 @@ from tidemark.backfill import reader
 from tidemark.backfill.fence import SnapshotFence
 from tidemark.backfill.reader import (
     Chunk,
+    CopyReader,
     Reader,
     Snapshot,
     ThreadedReader,
     begin_snapshot,
+    connect_parallel_reader,
     connect_reader,
     import_snapshot,
     plan_snapshot_chunks,
@@ -156,13 +158,13 @@ async def run_backfill(
     async with scheduler.exclusive(writer):
         writer.discard_buffered()
     conn = await connect_reader(dsn)
-    readers: list[ThreadedReader] = []
+    readers: list[CopyReader | ThreadedReader] = []
     try:
         # a table of one chunk or less is read on the snapshot's own connection: two
         # reader connections fewer (most of an empty shape's start-up); one that grew
         # meanwhile is still read whole, only not in parallel
         if await reader.heap_bytes(conn, shape.relation.oid) > SMALL_TABLE_BYTES:
-            readers = [await ThreadedReader.connect(dsn) for _ in range(PARALLEL_READERS)]
+            readers = [await connect_parallel_reader(dsn) for _ in range(PARALLEL_READERS)]
         progress.phase = "snapshot"
         snapshot, superseded = await _snapshot(
             conn,
@@ -248,7 +250,7 @@ def _every(conn: Reader, readers: Sequence[Reader]) -> list[Reader]:
 
 async def _snapshot(
     conn: psycopg.AsyncConnection[tuple[object, ...]],
-    readers: list[ThreadedReader],
+    readers: list[CopyReader | ThreadedReader],
     shape: BoundShape,
     writer: ShapeWriter,
     paused: Callable[[], AbstractAsyncContextManager[None]],
