@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 
+from tidemark.backfill.reader import SnapshotConnections
 from tidemark.backfill.runner import (
     BackfillProgress,
     BackfillSuperseded,
@@ -54,12 +56,18 @@ from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ConfigError, ShapeConflict, ShapeError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.replication.slot import add_tables_to_publication
-from tidemark.shapes.catalog import CatalogTable, check_shape, read_table, validate_shape
+from tidemark.shapes.catalog import (
+    CatalogTable,
+    CheckedShape,
+    check_shape,
+    read_table,
+    validate_shape,
+)
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
 from tidemark.shapes.partitions import Member, fingerprint, has_rows, read_tree, tree_changes
 from tidemark.shapes.registry import ShapeRegistry
 from tidemark.sink.frontiers import instance_states, state_dir
-from tidemark.sink.schema import column_specs, table_schema
+from tidemark.sink.schema import ColumnSpec, column_specs, table_schema
 from tidemark.sink.table import ShapeTable
 from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter
@@ -73,6 +81,7 @@ RETRY_FIRST_S = 2.0
 RETRY_MAX_S = 300.0
 PARTITION_CHECK_S = 5.0  # how often partitioned shapes check their partition tree
 BACKFILLS_AT_ONCE = 4  # backfills that run at the same time (new shapes start faster)
+TABLES_AT_ONCE = 4  # shape tables created at the same time when the service starts
 
 
 @dataclass
@@ -95,6 +104,28 @@ class ShapeStatus:
     @property
     def name(self) -> str:
         return self.definition.name
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A shape checked against the catalog, before its table is created."""
+
+    definition: ShapeDefinition
+    catalog: CatalogTable
+    checked: CheckedShape
+    table: ShapeTable
+    specs: list[ColumnSpec]
+
+    def create(self) -> None:
+        """Create the shape's table (idempotent) and clear its spool: rows spooled for
+        a streamed transaction by an earlier run (Postgres streams any transaction
+        still open again, from its start)."""
+        self.table.create(
+            table_schema(self.specs),
+            list(self.checked.shape.primary_key),
+            self.definition.model_dump(mode="json"),
+        )
+        self.table.clear_spool()
 
 
 class ShapeSet:
@@ -126,6 +157,7 @@ class ShapeSet:
         self._on_change = on_change
         self._frontier = frontier
         self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._connections: SnapshotConnections | None = None  # while backfills run
         self._running: dict[str, asyncio.Task[None]] = {}
         self._retries: dict[str, asyncio.TimerHandle] = {}
         self._catching_up: set[str] = set()
@@ -165,23 +197,51 @@ class ShapeSet:
         await asyncio.to_thread(store.write_claims)
         conn = await self._source()
         tables: list[tuple[str, str]] = []
+        # shapes of one table share one catalog read; while one shape's Delta table is
+        # created (in a thread), the next ones are checked: up to TABLES_AT_ONCE tables
+        # are being created, and shapes are installed in their order
+        catalogs: dict[tuple[str, str], CatalogTable] = {}
+        creating: deque[tuple[str, _Prepared, asyncio.Future[None]]] = deque()
+
+        def refuse(definition: ShapeDefinition, origin: str, exc: ShapeError) -> None:
+            if origin == "config":
+                text = str(exc)
+                if not text.startswith(f"shape '{definition.name}'"):
+                    text = f"shape '{definition.name}': {text}"
+                raise ShapeError(text) from exc
+            self.statuses[definition.name] = ShapeStatus(
+                definition, origin, state="error", error=str(exc)
+            )
+            log.error("shape.invalid", shape=definition.name, error=str(exc))
+
+        async def install_next() -> None:
+            origin, prepared, created = creating.popleft()
+            definition = prepared.definition
+            try:
+                await created
+            except ShapeError as exc:
+                refuse(definition, origin, exc)
+                return
+            self._install(prepared, origin)
+            tables.append((definition.schema_name, definition.table_name))
+
         try:
             for registered in self.registry.shapes():
                 definition = registered.definition
                 try:
-                    await self._activate(definition, registered.origin, conn)
-                    tables.append((definition.schema_name, definition.table_name))
+                    prepared = await self._prepare(definition, conn, catalogs)
                 except ShapeError as exc:
-                    if registered.origin == "config":
-                        text = str(exc)
-                        if not text.startswith(f"shape '{definition.name}'"):
-                            text = f"shape '{definition.name}': {text}"
-                        raise ShapeError(text) from exc
-                    self.statuses[definition.name] = ShapeStatus(
-                        definition, registered.origin, state="error", error=str(exc)
-                    )
-                    log.error("shape.invalid", shape=definition.name, error=str(exc))
+                    refuse(definition, registered.origin, exc)
+                    continue
+                created = asyncio.ensure_future(asyncio.to_thread(prepared.create))
+                creating.append((registered.origin, prepared, created))
+                if len(creating) >= TABLES_AT_ONCE:
+                    await install_next()
+            while creating:
+                await install_next()
         finally:
+            # (after a failure: the creations still running end before start does)
+            await asyncio.gather(*(c for _, _, c in creating), return_exceptions=True)
             await conn.close()
         return sorted(set(tables))
 
@@ -193,22 +253,35 @@ class ShapeSet:
     ) -> ShapeStatus:
         """Validate against the catalog, create the table and writer, then follow the
         stream behind the shape's claim, or queue its backfill."""
-        catalog = await read_table(conn, definition)
+        prepared = await self._prepare(definition, conn)
+        await asyncio.to_thread(prepared.create)
+        return self._install(prepared, origin)
+
+    async def _prepare(
+        self,
+        definition: ShapeDefinition,
+        conn: psycopg.AsyncConnection[tuple[Any, ...]],
+        catalogs: dict[tuple[str, str], CatalogTable] | None = None,
+    ) -> _Prepared:
+        """Validate against the catalog (read once per table when ``catalogs`` keeps
+        the reads) and say what the shape's table is."""
+        key = (definition.schema_name, definition.table_name)
+        catalog = catalogs.get(key) if catalogs is not None else None
+        if catalog is None:
+            catalog = await read_table(conn, definition)
+            if catalogs is not None:
+                catalogs[key] = catalog
         checked = check_shape(definition, catalog)
-        bound = checked.shape
+        await self._check_partition_publishing(conn, catalog, definition.name)
+        table = ShapeTable(self.settings.sink.root, definition.name, epoch=self.store.epoch)
+        return _Prepared(definition, catalog, checked, table, column_specs(checked.shape))
+
+    def _install(self, prepared: _Prepared, origin: str) -> ShapeStatus:
+        """Give a shape whose table exists its writer, then follow the stream behind
+        its claim, or queue its backfill."""
+        definition, catalog, checked = prepared.definition, prepared.catalog, prepared.checked
+        bound, table, specs = checked.shape, prepared.table, prepared.specs
         name = definition.name
-        await self._check_partition_publishing(conn, catalog, name)
-        table = ShapeTable(self.settings.sink.root, name, epoch=self.store.epoch)
-        specs = column_specs(bound)
-        await asyncio.to_thread(
-            table.create,
-            table_schema(specs),
-            list(bound.primary_key),
-            definition.model_dump(mode="json"),
-        )
-        # rows spooled for a streamed transaction by an earlier run: Postgres streams
-        # any transaction still open again, from its start
-        await asyncio.to_thread(table.clear_spool)
         writer = ShapeWriter(table, specs, self.tracker.handle_flush_notification)
         assert self.scheduler is not None
         self.scheduler.add(writer)
@@ -441,13 +514,23 @@ class ShapeSet:
         await streaming.wait()
         slots = asyncio.Semaphore(BACKFILLS_AT_ONCE)
         started: dict[str, asyncio.Task[None]] = {}  # each shape's last backfill, until done
+        waiting = False  # a shape taken from the queue waits for a slot
+
+        def more_wait() -> bool:
+            return waiting or not self._queue.empty()
+
+        self._connections = SnapshotConnections(
+            self.settings.source.dsn, BACKFILLS_AT_ONCE, more_wait
+        )
         try:
             while True:
                 name = await self._queue.get()
                 previous = started.get(name)
                 if previous is not None and not previous.done():
                     await asyncio.wait({previous})
+                waiting = True
                 await slots.acquire()
+                waiting = False
                 status = self.statuses.get(name)
                 if (
                     status is None  # removed
@@ -475,6 +558,7 @@ class ShapeSet:
             for task in started.values():
                 if not task.done():
                     task.cancel()
+            await self._connections.close()
 
     async def _backfill(self, name: str, status: ShapeStatus, generation: int) -> None:
         assert self.scheduler is not None
@@ -508,6 +592,7 @@ class ShapeSet:
                         register=lambda fence: self._register(status, generation, fence),
                         progress=progress,
                         replace_schema=replace,
+                        connections=self._connections,
                     )
                     break
                 except CatalogMoved:

@@ -433,3 +433,102 @@ async def test_a_declared_shape_whose_definition_changed_is_rebuilt_at_start(
     result = compare_shape(spark, str(tmp_path), "high", query, pg_db.dsn)
     assert result.equal, result.describe()
     assert keys_unique(tmp_path, "high")
+
+
+async def test_many_new_shapes_read_each_table_s_catalog_once_and_share_snapshot_connections(
+    pg_db: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given 12 shapes on one table and 2 on another, all new when the service starts
+    import tidemark.shapeset as shapeset
+
+    make_items(pg_db, 3_000)
+    pg_db.execute("create table notes (id int primary key, body text)")
+    pg_db.execute("insert into notes select g, 'b' || g from generate_series(1, 500) g")
+    shapes = [
+        {"name": f"band{k}", "table": "public.items", "where": f"score >= {k * 8}"}
+        for k in range(12)
+    ] + [
+        {"name": "notes_all", "table": "public.notes"},
+        {"name": "notes_low", "table": "public.notes", "where": "id < 100"},
+    ]
+    preparing = 0
+    read_at_start: list[str] = []
+    read_table, prepare = shapeset.read_table, shapeset.ShapeSet._prepare
+
+    async def counted_read(conn: Any, definition: Any) -> Any:
+        if preparing:
+            read_at_start.append(definition.table_name)
+        return await read_table(conn, definition)
+
+    async def counted_prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal preparing
+        preparing += 1
+        try:
+            return await prepare(self, *args, **kwargs)
+        finally:
+            preparing -= 1
+
+    monkeypatch.setattr(shapeset, "read_table", counted_read)
+    monkeypatch.setattr(shapeset.ShapeSet, "_prepare", counted_prepare)
+    settings = settings_for(pg_db.dsn, str(tmp_path), shapes)
+    async with running_service(settings, spark) as service:
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        pg_db.execute("update items set score = 99 where id % 5 = 0")
+        pg_db.execute("insert into notes values (0, 'zero')")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        # then the shapes were installed in their order, each table's catalog was read
+        # once while starting, and the 14 backfills used at most one snapshot
+        # connection per backfill running at once
+        assert list(service.shapes) == [r.definition.name for r in service.registry.shapes()]
+        assert sorted(service.shapes) == sorted(s["name"] for s in shapes)
+        assert sorted(read_at_start) == ["items", "notes"]
+        connections = service.shapeset._connections
+        assert connections is not None
+        assert 1 <= connections.made <= shapeset.BACKFILLS_AT_ONCE
+    for name, query in [
+        ("band0", "select * from items where score >= 0"),
+        ("band11", "select * from items where score >= 88"),
+        ("notes_low", "select * from notes where id < 100"),
+    ]:
+        result = compare_shape(spark, str(tmp_path), name, query, pg_db.dsn)
+        assert result.equal, result.describe()
+        assert keys_unique(tmp_path, name)
+
+
+async def test_a_kept_snapshot_connection_is_used_again_only_when_it_still_works(
+    pg_db: PgDatabase,
+) -> None:
+    wanted = True
+    pool = reader.SnapshotConnections(pg_db.dsn, keep=2, wanted=lambda: wanted)
+    try:
+        first = await pool.take()
+        await pool.give_back(first)
+        # a connection given back while more backfills wait is the next one taken
+        assert await pool.take() is first and pool.made == 1
+        # one still in a transaction (a backfill that failed in its middle) is closed
+        await first.execute("begin")
+        await pool.give_back(first)
+        assert first.closed
+        # one the server ended while it was kept is replaced by a new one that works
+        second = await pool.take()
+        pid = second.info.backend_pid
+        await pool.give_back(second)
+        with psycopg.connect(pg_db.dsn, autocommit=True) as admin:
+            admin.execute("select pg_terminate_backend(%s)", (pid,))
+        third = await pool.take()
+        assert third is not second and pool.made == 3
+        assert await (await third.execute("select 1")).fetchone() == (1,)
+        # nothing is kept when no backfill waits, nor after the pool is closed
+        wanted = False
+        await pool.give_back(third)
+        assert third.closed
+        wanted = True
+        fourth = await pool.take()
+        await pool.close()
+        await pool.give_back(fourth)
+        assert fourth.closed
+    finally:
+        await pool.close()

@@ -88,6 +88,34 @@ def test_claims_invalidations_and_the_stream_survive_a_restart(tmp_path: Path) -
     assert again.stream is not None and again.stream.sent_flush_lsn == 6000
 
 
+def test_the_claims_file_is_the_whole_document_after_claims_change_between_writes(
+    tmp_path: Path,
+) -> None:
+    # each claim's JSON is kept from one write to the next: a claim replaced, one whose
+    # partitions changed and one ended must be written as they are now
+    store = ContinuityStore(tmp_path)
+    for i, name in enumerate(["b", 'q"uoted', "a", "ünï"]):
+        store.record_claim(name, SnapshotFence(4000 + i, 10, 12, frozenset({11})), i)
+    store.write_claims()
+    store.record_claim("a", SnapshotFence(9000, 20, 25, frozenset()), 77)
+    claim = store.claim("b")
+    assert claim is not None and store.accept_partitions("b", claim, {"p1": [1, 2]})
+    store.invalidate('q"uoted', "removed")
+    store.write_claims()
+    text = store.claims_path.read_text()
+    whole = {
+        "version": 2,
+        "claims": {n: store.claim(n).to_json() for n in sorted(store.claimed())},  # type: ignore[union-attr]
+        "invalidations": json.loads(text)["invalidations"],
+    }
+    assert text == json.dumps(whole, separators=(",", ":"))
+    assert set(whole["invalidations"]) == {'q"uoted'}
+    again = ContinuityStore(tmp_path)
+    assert sorted(again.claimed()) == ["a", "b", "ünï"]
+    assert again.claim("a").rows == 77 and again.claim("a").fence.lsn == 9000  # type: ignore[union-attr]
+    assert again.claim("b").partitions == {"p1": [1, 2]}  # type: ignore[union-attr]
+
+
 def test_an_invalidation_is_durable_before_the_next_acknowledgement(tmp_path: Path) -> None:
     store = ContinuityStore(tmp_path)
     store.adopt(RECORD)

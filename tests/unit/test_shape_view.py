@@ -36,7 +36,7 @@ def test_an_active_shape_of_a_streaming_service_has_no_reason() -> None:
 
 def test_a_queued_backfill_says_it_waits_and_a_running_one_how_far_it_is() -> None:
     assert reason(state="backfilling", backfill=None) == (
-        "waiting for its backfill (one shape at a time, once the stream runs)"
+        "waiting for its backfill (a few shapes at a time, once the stream runs)"
     )
     assert reason(state="backfilling", backfill=backfill(0, 0, chunks=0)).startswith("waiting")
     assert reason(state="backfilling", backfill=backfill(1200, 5000)) == (

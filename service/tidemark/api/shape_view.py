@@ -41,7 +41,7 @@ def not_ready_reason(
     if state == "backfilling":
         why = f" ({backfill['reason']})" if backfill and backfill.get("reason") else ""
         if not backfill or (backfill["chunks"] == 0 and backfill["rows_done"] == 0):
-            return f"waiting for its backfill{why} (one shape at a time, once the stream runs)"
+            return f"waiting for its backfill{why} (a few shapes at a time, once the stream runs)"
         done, estimated = backfill["rows_done"], backfill["rows_estimated"]
         of = f" of about {estimated:,}" if estimated > done else ""
         return (

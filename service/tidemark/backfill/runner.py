@@ -66,6 +66,7 @@ from tidemark.backfill.reader import (
     CopyReader,
     Reader,
     Snapshot,
+    SnapshotConnections,
     ThreadedReader,
     begin_snapshot,
     connect_parallel_reader,
@@ -147,18 +148,22 @@ async def run_backfill(
     register: Register,
     progress: BackfillProgress,
     replace_schema: bool = False,
+    connections: SnapshotConnections | None = None,
 ) -> tuple[SnapshotFence, int, dict[str, list[Any]] | None]:
     """Run the backfill; returns the fence, the number of snapshot rows and, for a
     partitioned table, the fingerprint of the partition tree the snapshot read.
 
     ``register(fence)`` routes the shape behind the fence, or returns False when the
     request was superseded meanwhile (then ``BackfillSuperseded`` is raised).
+    ``connections``: where the snapshot connection comes from and goes back to after a
+    backfill that committed (default: a connection of its own, closed at the end).
     """
     name = shape.name
     async with scheduler.exclusive(writer):
         writer.discard_buffered()
-    conn = await connect_reader(dsn)
+    conn = await connections.take() if connections is not None else await connect_reader(dsn)
     readers: list[CopyReader | ThreadedReader] = []
+    reuse = False
     try:
         # a table of one chunk or less is read on the snapshot's own connection: two
         # reader connections fewer (most of an empty shape's start-up); one that grew
@@ -236,12 +241,17 @@ async def run_backfill(
             seconds=round(progress.finished_at - progress.started_at, 2),
         )
         partitions = fingerprint(snapshot.partitions) if snapshot.partitioned else None
+        reuse = connections is not None
         return snapshot.fence, progress.rows_done, partitions
     finally:
         # (a backfill that did not commit leaves hold_commits set: its shape is no longer
         # routed, and the next backfill discards what it buffered)
-        for c in _every(conn, readers):
-            await c.close()
+        for reader_conn in readers:
+            await reader_conn.close()
+        if reuse and connections is not None:
+            await connections.give_back(conn)
+        else:
+            await conn.close()
 
 
 def _every(conn: Reader, readers: Sequence[Reader]) -> list[Reader]:
