@@ -123,6 +123,46 @@ async def test_shapes_due_together_are_written_by_one_round_and_committed_each_o
     assert not list(scheduler.staging.rglob("*.parquet"))
 
 
+async def test_a_round_of_tiny_batches_writes_plain_files_and_one_of_larger_ones_snappy(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    import pyarrow.parquet as pq
+
+    def codecs(w) -> dict[str, set[str]]:  # type: ignore[no-untyped-def]
+        found: dict[str, set[str]] = {}
+        for rel in w.table.active_files():
+            meta = pq.ParquetFile(w.table.path / rel).metadata
+            found[rel] = {
+                meta.row_group(g).column(c).compression
+                for g in range(meta.num_row_groups)
+                for c in range(meta.num_columns)
+            }
+        return found
+
+    # given three shapes flushed together twice: first a row each, then 300 rows each
+    feeder = make_feeder()
+    writers = [open_writer(feeder, str(tmp_path), name) for name in ("a", "b", "c")]
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    for w in writers:
+        scheduler.add(w)
+    feeder.txn(100, {w.shape: [ins(1)] for w in writers})
+    async with running(scheduler):
+        await scheduler.flush_all()
+        tiny = {w.shape: codecs(w) for w in writers}
+        big = [ins(i, "n" * 100) for i in range(2, 302)]
+        feeder.txn(200, {w.shape: big for w in writers})
+        await scheduler.flush_all()
+    # then the first round's files are uncompressed, the second's Snappy, and every
+    # table has its rows once
+    assert scheduler.stats.rounds == 2
+    for w in writers:
+        assert list(tiny[w.shape].values()) == [{"UNCOMPRESSED"}]
+        later = {rel: c for rel, c in codecs(w).items() if rel not in tiny[w.shape]}
+        assert list(later.values()) == [{"SNAPPY"}]
+        assert sorted(r["id"] for r in rows_of(w.table)) == list(range(1, 302))
+
+
 async def test_shapes_due_while_a_round_writes_wait_and_go_into_the_next_round_together(
     spark,  # type: ignore[no-untyped-def]
     tmp_path: Path,
