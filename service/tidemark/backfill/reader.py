@@ -57,7 +57,7 @@ from psycopg.pq import TransactionStatus
 
 from tidemark.backfill.fence import SnapshotFence
 from tidemark.lsn import Lsn
-from tidemark.replication.client import SESSION_OPTIONS, session_options
+from tidemark.replication.client import session_options
 from tidemark.replication.slot import SOURCE_WAL_LSN
 from tidemark.shapes.identifiers import quote_identifier
 from tidemark.shapes.model import BoundShape
@@ -274,9 +274,9 @@ def asyncpg_target(dsn: str) -> tuple[str, dict[str, str], float | None] | None:
     if any(os.environ.get(name) for name in _LIBPQ_ONLY_ENV):
         return None
     params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    params.pop("options", None)  # in session_options, ahead of ours
     settings: dict[str, str] = {}
-    words = shlex.split(params.pop("options", ""))
-    words += shlex.split(SESSION_OPTIONS)
+    words = shlex.split(session_options(dsn))
     while words:
         word = words.pop(0)
         if word == "-c" and words:

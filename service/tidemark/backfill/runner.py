@@ -163,7 +163,7 @@ async def run_backfill(
         writer.discard_buffered()
     conn = await connections.take() if connections is not None else await connect_reader(dsn)
     readers: list[CopyReader | ThreadedReader] = []
-    reuse = False
+    back_to: SnapshotConnections | None = None  # set once the backfill has committed
     try:
         # a table of one chunk or less is read on the snapshot's own connection: two
         # reader connections fewer (most of an empty shape's start-up); one that grew
@@ -241,15 +241,15 @@ async def run_backfill(
             seconds=round(progress.finished_at - progress.started_at, 2),
         )
         partitions = fingerprint(snapshot.partitions) if snapshot.partitioned else None
-        reuse = connections is not None
+        back_to = connections
         return snapshot.fence, progress.rows_done, partitions
     finally:
         # (a backfill that did not commit leaves hold_commits set: its shape is no longer
         # routed, and the next backfill discards what it buffered)
         for reader_conn in readers:
             await reader_conn.close()
-        if reuse and connections is not None:
-            await connections.give_back(conn)
+        if back_to is not None:
+            await back_to.give_back(conn)
         else:
             await conn.close()
 
