@@ -268,6 +268,32 @@ def test_local_spark_writes_files_through_tidemarks_filesystem_with_hadoops_mode
     assert spark.read.parquet(str(tmp_path / "out")).count() == 40
 
 
+def test_a_local_scan_of_thousands_of_pruned_files_keeps_its_tasks_short(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """Spark's file scan goes one call deeper for each file that yields no rows: a
+    refresh reading 10000 changelog files whose rows a filter pruned, packed into two
+    tasks (``openCostInBytes`` 0), overflowed a task thread's stack and ended the
+    JVM. Each task holds at most 512 files, and the scan ends."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    count = 10_000
+    folder = tmp_path / "tail"
+    folder.mkdir()
+    for i in range(count):
+        rows = pa.table({"id": pa.array([i, -i], pa.int64()), "_lsn": pa.array([i, i], pa.int64())})
+        pq.write_table(rows, folder / f"{i:05d}.parquet", compression="none")
+    paths = [str(folder / f"{i:05d}.parquet") for i in range(count)]
+    frame = spark.read.schema("id long, _lsn long").parquet(*paths)
+    tasks = frame.rdd.getNumPartitions()
+    assert count / tasks <= 512, f"{count} files in {tasks} tasks"
+    assert frame.where(F.col("_lsn") >= count).count() == 0  # every file pruned
+    assert frame.where(F.col("_lsn") >= count - 3).count() == 6
+
+
 async def test_a_replayed_batch_is_not_committed_twice(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     feeder = make_feeder()
     w = open_writer(feeder, str(tmp_path), "a")

@@ -23,6 +23,7 @@ from tidemark.spark import (
     DRIVER_LISTING_PATHS,
     LISTING_THRESHOLD,
     OPEN_COST,
+    OPEN_COST_BYTES,
     arrow_parts,
     check_connect,
     connect_address,
@@ -138,7 +139,7 @@ def test_local_mode_uses_tidemarks_local_filesystem_and_keeps_a_class_path_of_it
     assert conf["spark.sql.sources.commitProtocolClass"] == jvm.DIRECT_COMMIT_CLASS
     assert conf["spark.driver.extraClassPath"] == str(jvm.JAR)
     assert conf[LISTING_THRESHOLD] == str(DRIVER_LISTING_PATHS)  # files listed in the driver
-    assert conf[OPEN_COST] == "0"  # small files packed by their size
+    assert conf[OPEN_COST] == str(OPEN_COST_BYTES)  # small files: 512 at most a task
     mine = local_mode_conf("local[*]", {"spark.driver.extraClassPath": "/opt/x.jar"})
     assert mine["spark.driver.extraClassPath"] == os.pathsep.join([str(jvm.JAR), "/opt/x.jar"])
 
@@ -150,7 +151,7 @@ def test_a_cluster_or_a_filesystem_of_ones_own_keeps_hadoops() -> None:
     chosen = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"}
     assert local_mode_conf("local[2]", chosen) == {
         LISTING_THRESHOLD: str(DRIVER_LISTING_PATHS),
-        OPEN_COST: "0",
+        OPEN_COST: str(OPEN_COST_BYTES),
     }
 
 
