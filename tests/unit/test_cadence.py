@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidemark.writers.cadence import Cadence
+from tidemark.writers.cadence import BALANCE_MIN_SHAPES, Cadence, round_share
 
 
 def test_before_any_job_the_age_is_the_lower_bound() -> None:
@@ -45,3 +45,28 @@ def test_the_age_stays_within_its_bounds(jobs: list[float], low: float, high: fl
         cadence.observe(seconds)
     age = cadence.age_s(low, high)
     assert min(low, high) <= age <= high
+
+
+def test_a_round_takes_every_candidate_when_nothing_commits_or_the_shapes_are_few() -> None:
+    assert round_share(900, 0) == 900
+    assert round_share(120, 60) == 120  # 180 shapes in all: below the minimum
+    assert round_share(300, 400) == 300  # no more than the set that commits
+
+
+def test_uneven_rounds_become_even_within_two_rounds() -> None:
+    # 1000 shapes, all with rows by the time a round forms: the candidates are the
+    # shapes that do not commit the previous round's batches
+    for first in (100, 30, 700, 999):
+        committing, sizes = first, []
+        for _ in range(6):
+            committing = round_share(1000 - committing, committing)
+            sizes.append(committing)
+        assert all(abs(size - 500) <= 1 for size in sizes[2:]), (first, sizes)
+
+
+@given(st.integers(min_value=0, max_value=5000), st.integers(min_value=0, max_value=5000))
+def test_a_round_takes_at_least_half_and_at_most_all(candidates: int, committing: int) -> None:
+    take = round_share(candidates, committing)
+    assert (candidates + 1) // 2 <= take <= candidates
+    if candidates + committing < BALANCE_MIN_SHAPES or committing == 0:
+        assert take == candidates

@@ -48,7 +48,7 @@ import structlog
 from tidemark.aio import wait_event
 from tidemark.errors import WriterFenced
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
-from tidemark.writers.cadence import Cadence
+from tidemark.writers.cadence import Cadence, round_share
 from tidemark.writers.job import (
     ROUND_BYTES,
     CommitResult,
@@ -294,6 +294,12 @@ class FlushScheduler:
                 and now - w.buffer.ready_since >= min(self.policy.coalesce_age_s, age)
             ]
             due += joiners
+            if not pressure and not self._flush_all_requested:
+                committing = sum(1 for w in self.writers.values() if w.in_flight)
+                share = round_share(len(due), committing)
+                if share < len(due):  # the oldest rows go first; the rest next round
+                    due.sort(key=lambda w: w.buffer.ready_since or 0.0)
+                    del due[share:]
         # stream work first, then backfill; biggest buffers first under pressure
         due.sort(key=lambda w: (w.backfill, -w.buffer.nbytes))
         rounds: list[list[tuple[ShapeWriter, Batch]]] = [[]]
