@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000, help="inserts for stream benches")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from tidemark.observability import configure_logging
+
+    # the services the sections run in this process log at their settings' level
+    # (warning), as the CLI would configure it: not a line per Delta commit at 300/s
+    configure_logging("console", "warning")
     # `cluster` ends with the takeover figures; `takeover` alone runs just those
     sections = args.sections or [s for s in SECTIONS if s != "takeover"]
     unknown = [s for s in sections if s not in SECTIONS]
