@@ -272,10 +272,10 @@ def test_a_local_scan_of_thousands_of_pruned_files_keeps_its_tasks_short(
     spark,  # type: ignore[no-untyped-def]
     tmp_path: Path,
 ) -> None:
-    """Spark's file scan goes one call deeper for each file that yields no rows: a
-    refresh reading 10000 changelog files whose rows a filter pruned, packed into two
-    tasks (``openCostInBytes`` 0), overflowed a task thread's stack and ended the
-    JVM. Each task holds at most 512 files, and the scan ends."""
+    """Spark's file scan goes one call deeper for each file that yields no rows:
+    10000 files whose rows a filter pruned, packed into two tasks (``openCostInBytes``
+    0), overflowed a task thread's stack and ended the JVM (a bench run lost its JVM
+    that way). Each task holds at most 512 files, and the scan ends."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
