@@ -49,7 +49,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from tidemark import systemd
+from tidemark import durable, systemd
 from tidemark.aio import wait_event
 from tidemark.allocators import return_freed_memory
 from tidemark.config import Settings, load_settings
@@ -106,6 +106,12 @@ class Service:
         config_path: str | None = None,
     ):
         self.settings = settings
+        durable.configure(enabled=settings.sink.sync)
+        if not settings.sink.sync:
+            log.warning(
+                "sink.sync_off",
+                meaning="acknowledged transactions can be lost for good by a power loss",
+            )
         self.config_path = config_path  # what reload() reads (None: $TIDEMARK_CONFIG or ./)
         self.metrics = metrics or Metrics()
         self.spark = spark
@@ -760,7 +766,9 @@ class Service:
                 try:
                     await asyncio.to_thread(writer.table.compact)
                     await asyncio.to_thread(
-                        writer.table.vacuum, self.settings.sink.vacuum_retention_hours
+                        writer.table.vacuum,
+                        self.settings.sink.vacuum_retention_hours,
+                        writer.pending_files(),
                     )
                     if self.keeper is not None:
                         await self.keeper.maintain(name)

@@ -126,6 +126,12 @@ _SPARK_MASTER = re.compile(
 
 class SinkSettings(_Section):
     root: str = Field(default="./tidemark-data", description="folder or URI of the tables")
+    sync: bool = Field(
+        default=True,
+        description="sync every file, log entry and folder a commit depends on before it "
+        "is acknowledged (false: acknowledged once in the page cache; a power loss can "
+        "then lose acknowledged transactions for good: throwaway use only)",
+    )
     maintenance_every_s: float = Field(
         default=3600.0, gt=0, description="compaction and vacuum of each table, this often"
     )

@@ -1,4 +1,15 @@
-"""Small files that must survive a crash whole: replace, never rewrite in place.
+"""What survives a power loss: files synced before anything depends on them.
+
+Durability here is a promise about stable storage, not the page cache: a process
+crash keeps the page cache, a host crash (power loss, kernel panic) does not. The
+model every caller relies on is POSIX's, nothing kinder:
+
+- ``fdatasync`` of a file makes its bytes (and its size) durable, not its name;
+- ``fsync`` of a directory makes its entries as they are now durable: the names
+  created, renamed in or out, linked and removed in it; a new folder is reachable
+  after a crash only once its parent is synced too;
+- ``syncfs``/``sync`` are not used: a FUSE filesystem is never told of them, and
+  they would flush everything else written to the filesystem as well.
 
 ``write_atomically`` writes a temp file in the same folder, fsyncs it, renames it
 over the target and fsyncs the folder: a reader (or a restart) sees the old file
@@ -6,6 +17,16 @@ or the new one, never a torn mix, and the new one survives power loss once the
 call returns. ``remove_stale_temporaries`` clears temp files of writes that
 crashed before their rename. ``publish_new`` moves a written file to a name that
 must not exist yet (put-if-absent: a Delta log entry).
+
+``SyncSet`` is group commit for the lake tables: the files and folders of many
+commits (a flush round's shapes) gathered and synced in one parallel step
+(``sync``) before anything that depends on them (the next commit, the status
+update to Postgres). A sync that fails is never taken as done: a file whose
+``fdatasync`` failed may have lost its bytes (the kernel marks the pages clean
+after a failed writeback), so its writer rewrites it or fails, never syncs the
+same file again and calls it durable (``SyncFailed.paths``). Syncing can be
+turned off for throwaway use (``[sink] sync = false``: ``configure``); the
+acknowledgement then promises only the page cache.
 """
 
 from __future__ import annotations
@@ -15,10 +36,172 @@ import ctypes
 import errno
 import os
 import tempfile
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
+from tidemark.errors import SinkError
+
 TEMP_SUFFIX: Final = ".tmp"
+# fsyncs run at once: enough for the disk to merge them into few journal commits
+# (3000 fsyncs of new files and folders: 0.63 s one by one, 0.17 s on 8 threads,
+# 0.11 s on 32; ext4 on this project's machines)
+SYNC_THREADS: Final = 32
+
+
+class SyncFailed(SinkError):
+    """Files or folders could not be synced: what depends on them must not be
+    acknowledged, and a file among ``paths`` must be written again, not synced again."""
+
+    def __init__(self, message: str, paths: Iterable[Path]) -> None:
+        super().__init__(message)
+        self.paths = frozenset(paths)
+
+
+class _Syncing:
+    """Whether syncing is on (``[sink] sync``), and the threads that sync."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="sync")
+            return self._pool
+
+
+_SYNCING = _Syncing()
+
+
+def configure(*, enabled: bool) -> None:
+    """Turn syncing on (the default) or off for this process."""
+    _SYNCING.enabled = enabled
+
+
+def syncing() -> bool:
+    return _SYNCING.enabled
+
+
+class SyncSet:
+    """Files and folders to make durable in one step. ``file`` adds a file with the
+    size it must have (checked when it is synced: a staged file that went missing or
+    was cut short is an error, never a commit without it); ``folder`` a directory
+    whose entries changed; ``new_file``/``new_folder`` something just created below
+    ``top``: it, and every folder between it and ``top`` (their entries changed)."""
+
+    __slots__ = ("files", "folders")
+
+    def __init__(self) -> None:
+        self.files: dict[Path, int | None] = {}
+        self.folders: set[Path] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.files or self.folders)
+
+    def file(self, path: Path, size: int | None = None) -> None:
+        self.files[path] = size
+
+    def folder(self, path: Path) -> None:
+        self.folders.add(path)
+
+    def new_file(self, path: Path, top: Path, size: int | None = None) -> None:
+        """A file created somewhere below the folder ``top`` (itself durable): the file,
+        and every folder from its own up to ``top`` (each gained an entry)."""
+        self.file(path, size)
+        self._up_to(path.parent, top)
+
+    def new_folder(self, path: Path, top: Path) -> None:
+        """A folder created below ``top``: it and the folders up to ``top``."""
+        self._up_to(path, top)
+
+    def _up_to(self, folder: Path, top: Path) -> None:
+        while folder != top and top in folder.parents:
+            self.folders.add(folder)
+            folder = folder.parent
+        self.folders.add(top)
+
+    def update(self, other: SyncSet) -> None:
+        self.files.update(other.files)
+        self.folders |= other.folders
+
+    def sync(self) -> None:
+        """Sync every file, then every folder, each group in parallel; raises
+        ``SyncFailed`` naming every path that failed (and not only the first)."""
+        if not _SYNCING.enabled or not self:
+            return
+        pool = _SYNCING.pool()
+        failed: dict[Path, str] = {}
+        for path, problem in zip(self.files, pool.map(_sync_file, self.files.items()), strict=True):
+            if problem is not None:
+                failed[path] = problem
+        for path, problem in zip(self.folders, pool.map(_sync_folder, self.folders), strict=True):
+            if problem is not None:
+                failed[path] = problem
+        if failed:
+            first = next(iter(failed))
+            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+            raise SyncFailed(f"cannot make {first} durable: {failed[first]}{more}", failed)
+
+
+def _sync_file(item: tuple[Path, int | None]) -> str | None:
+    path, size = item
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return "the file is missing (removed before its commit)"
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        if size is not None:
+            have = os.fstat(fd).st_size
+            if have != size:
+                return f"the file has {have} bytes, {size} were written"
+        os.fdatasync(fd)
+    except OSError as exc:
+        return f"fdatasync failed: {exc}"
+    finally:
+        os.close(fd)
+    return None
+
+
+def _sync_folder(path: Path) -> str | None:
+    try:
+        sync_folder(path)
+    except FileNotFoundError:
+        return "the folder is missing"
+    except OSError as exc:
+        return f"fsync of the folder failed: {exc}"
+    return None
+
+
+def sync_folder(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write a new file ``path`` (it must not exist) and fdatasync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if _SYNCING.enabled:
+            os.fdatasync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
 
 
 def write_atomically(path: Path, data: str | bytes) -> None:
@@ -36,11 +219,7 @@ def write_atomically(path: Path, data: str | bytes) -> None:
             os.unlink(tmp)
         raise
     # the rename is durable only once the directory entry is
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    sync_folder(directory)
 
 
 _AT_FDCWD: Final = -100

@@ -50,6 +50,12 @@ class WriterFenced(SinkError):
     process is no longer the table's writer and must not commit them again."""
 
 
+class TableDamaged(SinkError):
+    """A table's log or files are damaged beyond what tidemark repairs on its own (a
+    torn entry in the middle of the log, a data file the log names that is missing):
+    the shape must be rebuilt from a snapshot; the message says how."""
+
+
 class InvariantViolation(TidemarkError):
     """Something we promised Postgres or readers did not hold (e.g. ack beyond durable)."""
 

@@ -53,7 +53,7 @@ from tidemark.backfill.runner import (
 )
 from tidemark.collector import ShapeLogCollector
 from tidemark.continuity.store import ContinuityStore
-from tidemark.errors import ConfigError, ShapeConflict, ShapeError
+from tidemark.errors import ConfigError, ShapeConflict, ShapeError, TableDamaged
 from tidemark.flush.tracker import FlushTracker
 from tidemark.replication.slot import add_tables_to_publication
 from tidemark.shapes.catalog import (
@@ -68,7 +68,7 @@ from tidemark.shapes.partitions import Member, fingerprint, has_rows, read_tree,
 from tidemark.shapes.registry import ShapeRegistry
 from tidemark.sink.frontiers import instance_states, state_dir
 from tidemark.sink.schema import ColumnSpec, column_specs, table_schema
-from tidemark.sink.table import ShapeTable
+from tidemark.sink.table import ShapeTable, set_aside
 from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter
 
@@ -222,6 +222,9 @@ class ShapeSet:
             except ShapeError as exc:
                 refuse(definition, origin, exc)
                 return
+            except TableDamaged as exc:
+                if not await self._damaged(prepared, origin, exc):
+                    return
             self._install(prepared, origin)
             tables.append((definition.schema_name, definition.table_name))
 
@@ -275,6 +278,30 @@ class ShapeSet:
         await self._check_partition_publishing(conn, catalog, definition.name)
         table = ShapeTable(self.settings.sink.root, definition.name, epoch=self.store.epoch)
         return _Prepared(definition, catalog, checked, table, column_specs(checked.shape))
+
+    async def _damaged(self, prepared: _Prepared, origin: str, exc: TableDamaged) -> bool:
+        """A shape whose table is damaged at start (``ShapeTable.recover``): its claim
+        ends durably (the table no longer holds what it claimed), then, with
+        ``on_stream_gap = "resync"``, the table is moved to ``<root>/damaged/`` and
+        made again, to be rebuilt from a snapshot (returns True: install it); otherwise
+        the shape reports the damage and takes no part in the stream (False). The other
+        shapes go on either way."""
+        name = prepared.definition.name
+        self.store.invalidate(name, "its table is damaged")
+        await asyncio.to_thread(self.store.write_claims)
+        if self.settings.source.on_stream_gap == "resync":
+            aside = await asyncio.to_thread(set_aside, prepared.table)
+            log.error("table.damaged_set_aside", shape=name, error=str(exc), moved_to=str(aside))
+            try:
+                await asyncio.to_thread(prepared.create)
+                return True
+            except Exception as again:
+                exc = TableDamaged(f"shape '{name}': its table cannot be made again: {again}")
+        self.statuses[name] = ShapeStatus(
+            prepared.definition, origin, state="error", error=str(exc)
+        )
+        log.error("table.damaged", shape=name, error=str(exc))
+        return False
 
     def _install(self, prepared: _Prepared, origin: str) -> ShapeStatus:
         """Give a shape whose table exists its writer, then follow the stream behind

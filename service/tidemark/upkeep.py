@@ -295,8 +295,14 @@ class CurrentKeeper:
 
 
 def clear_staging(root: str | Path, shapes: list[str]) -> None:
+    """At start: what refreshes of an earlier run left uncommitted is deleted, and each
+    current table recovered (``CurrentTable.recover``)."""
     for name in shapes:
         shutil.rmtree(current.current_path(root, name) / current.STAGING_DIR, ignore_errors=True)
+        try:
+            current.CurrentTable(root, name).recover()
+        except Exception as exc:  # the refresh reports it; the stream goes on
+            log.error("current.recover_failed", shape=name, error=f"{type(exc).__name__}: {exc}")
 
 
 def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
@@ -304,7 +310,7 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
     need) and clean both tables' expired Delta log entries."""
     from deltalake import DeltaTable
 
-    from tidemark.sink.table import ShapeTable
+    from tidemark.sink.table import ShapeTable, entries_sync
 
     changelog = ShapeTable(root, shape)
     table = current.CurrentTable(root, shape)
@@ -314,8 +320,10 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
         retained = changelog.retained_lsn(generation) if changelog.exists() else None
         hours = current.current_vacuum_hours(points, retained, floor_hours, int(time.time() * 1000))
         dt = table.table()
+        before = dt.version()
         dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True)
-        dt.update_incremental()  # (the vacuum's own commits)
+        dt.update_incremental()  # (the vacuum's own commits, synced like every other)
+        entries_sync(table.path / "_delta_log", before + 1, dt.version()).sync()
         dt.cleanup_metadata()
     if changelog.exists():
         DeltaTable(changelog.uri).cleanup_metadata()

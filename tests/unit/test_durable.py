@@ -46,3 +46,74 @@ def test_a_folder_that_is_not_there_is_an_error_and_leaves_nothing(
     with pytest.raises(OSError):
         durable.publish_new(temp, tmp_path / "missing" / "00000000000000000001.json")
     assert not temp.exists()
+
+
+# -- SyncSet: group commit of what a commit depends on -----------------------------------
+
+
+def test_a_new_file_brings_every_folder_up_to_the_durable_top(tmp_path: Path) -> None:
+    """Given a file written two folders below a durable folder, its sync set holds the
+    file and both folders (each gained an entry), and the top (it gained the first)."""
+    top = tmp_path / "data"
+    f = top / "batch" / "part-0.parquet"
+    synced = durable.SyncSet()
+    synced.new_file(f, top, 10)
+    assert synced.files == {f: 10}
+    assert synced.folders == {top / "batch", top}
+
+
+def test_sync_names_every_file_that_is_missing_or_cut_short(tmp_path: Path) -> None:
+    """A staged file removed before its commit, or shorter than written, fails the sync
+    with its name: never a commit without it."""
+    whole, short = tmp_path / "whole.parquet", tmp_path / "short.parquet"
+    whole.write_bytes(b"x" * 10)
+    short.write_bytes(b"x" * 3)
+    synced = durable.SyncSet()
+    synced.file(whole, 10)
+    synced.file(short, 10)
+    synced.file(tmp_path / "gone.parquet", 10)
+    synced.folder(tmp_path)
+    with pytest.raises(durable.SyncFailed) as failed:
+        synced.sync()
+    assert failed.value.paths == {short, tmp_path / "gone.parquet"}
+    assert "more" in str(failed.value)
+
+
+def test_a_failed_fdatasync_is_a_failure_never_a_success(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fdatasync returning EIO fails the sync for that file only."""
+    import errno
+    import os
+
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.write_bytes(b"1")
+    bad.write_bytes(b"2")
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(bad):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    synced = durable.SyncSet()
+    synced.file(good)
+    synced.file(bad)
+    with pytest.raises(durable.SyncFailed) as failed:
+        synced.sync()
+    assert failed.value.paths == {bad}
+    assert "Input/output error" in str(failed.value)
+
+
+def test_syncing_off_syncs_nothing(tmp_path: Path) -> None:
+    """``[sink] sync = false``: a missing file is not even looked at."""
+    synced = durable.SyncSet()
+    synced.file(tmp_path / "gone", 1)
+    durable.configure(enabled=False)
+    try:
+        synced.sync()
+    finally:
+        durable.configure(enabled=True)
+    with pytest.raises(durable.SyncFailed):
+        synced.sync()

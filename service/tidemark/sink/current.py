@@ -59,6 +59,7 @@ import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import RemoveAction
 
+from tidemark.durable import SyncSet
 from tidemark.errors import SinkError
 from tidemark.sink.schema import (
     LSN,
@@ -68,7 +69,7 @@ from tidemark.sink.schema import (
     spark_schema,
     with_primary_key,
 )
-from tidemark.sink.table import DataFile, ShapeTable, describe_file
+from tidemark.sink.table import DataFile, ShapeTable, describe_file, entries_sync, recover_log
 
 log = structlog.get_logger("tidemark.current")
 
@@ -176,6 +177,12 @@ class CurrentTable:
 
     def exists(self) -> bool:
         return DeltaTable.is_deltatable(self.uri)
+
+    def recover(self) -> None:
+        """At start: ``recover_log`` (torn entries of unsynced commits removed, the last
+        run's newest commit made durable). A table damaged otherwise is left for the
+        refresh to report: it is rebuilt from the changelog only by a resync."""
+        recover_log(self.shape, self.path, self.path.parent.parent)
 
     def table(self, version: int | None = None) -> DeltaTable:
         if not self.exists():
@@ -723,6 +730,11 @@ def _commit(
         app_transactions=[Transaction(table.app_id, int(metadata["tidemark.lsn"]))],
     )
     adds = [f.add_action() for f in added]
+    # the files before the entry that names them, the entry before this returns: a
+    # refresh is durable before retention drops the changelog rows it folds
+    synced = SyncSet()
+    for f in added:
+        synced.new_file(table.path / f.path, table.path, f.size)
     if dt is None:
         table.path.mkdir(parents=True, exist_ok=True)
         description = json.dumps({"tidemark": {"current_of": table.shape}}, sort_keys=True)
@@ -733,7 +745,11 @@ def _commit(
             name=f"{table.shape} (current)",
             description=description,
         )
+        synced.update(entries_sync(table.path / "_delta_log", 0, 0))
+        synced.new_folder(table.path / "_delta_log", table.path.parent.parent)
         overwrite = False  # a new table: nothing to replace
+    synced.sync()
+    before = dt.version()
     now = int(time.time() * 1000)
     removes = [] if overwrite else [RemoveAction(p, True, now, s, {}) for p, s in removed]
     dt.create_write_transaction(
@@ -742,6 +758,8 @@ def _commit(
         schema=schema if overwrite else dt.schema(),
         commit_properties=properties,
     )
+    dt.update_incremental()
+    entries_sync(table.path / "_delta_log", before + 1, dt.version()).sync()
 
 
 # -- changelog retention ---------------------------------------------------------------------

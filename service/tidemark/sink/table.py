@@ -61,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -69,6 +70,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -77,8 +79,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from tidemark.durable import publish_new
-from tidemark.errors import SinkError, WriterFenced
+from tidemark.durable import SyncSet, publish_new, sync_folder, write_synced
+from tidemark.errors import SinkError, TableDamaged, WriterFenced
 from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
 
 log = structlog.get_logger("tidemark.sink")
@@ -106,8 +108,10 @@ class DataFile:
     modification_time_ms: int
     stats: str  # Delta statistics JSON
 
-    def add_action(self) -> AddAction:
-        return AddAction(self.path, self.size, {}, self.modification_time_ms, True, self.stats)
+    def add_action(self, *, data_change: bool = True) -> AddAction:
+        return AddAction(
+            self.path, self.size, {}, self.modification_time_ms, data_change, self.stats
+        )
 
     def add_entry(self) -> dict[str, Any]:
         """The Delta log's ``add`` action for this file (the appends written directly)."""
@@ -175,6 +179,150 @@ def _file_stats(path: Path) -> tuple[int, str]:
     return meta.num_rows, json.dumps(stats)
 
 
+_ENTRY = re.compile(r"[0-9]{20}\.json")
+
+
+def _whole_entry(path: Path) -> bool:
+    """Whether a log entry is whole: not empty, and every line a JSON object."""
+    try:
+        text = path.read_bytes()
+    except OSError:
+        return False
+    if not text.strip():
+        return False
+    try:
+        return all(isinstance(json.loads(line), dict) for line in text.splitlines() if line)
+    except ValueError:
+        return False
+
+
+def _torn_tail_removed(shape: str, log_dir: Path) -> list[int]:
+    """Remove the entries at the end of the log that are not whole; the versions
+    left. A torn entry before a whole one is ``TableDamaged`` (each commit is synced
+    before the next one is written, so a power loss cannot leave that)."""
+    versions = sorted(int(n[:20]) for n in os.listdir(log_dir) if _ENTRY.fullmatch(n))
+    removed = []
+    while versions and not _whole_entry(log_dir / f"{versions[-1]:020d}.json"):
+        version = versions.pop()
+        (log_dir / f"{version:020d}.json").unlink()
+        removed.append(version)
+    if removed:
+        sync_folder(log_dir)
+        log.warning("table.torn_entries_removed", shape=shape, versions=removed)
+    torn = [v for v in versions[-3:] if not _whole_entry(log_dir / f"{v:020d}.json")]
+    if torn:
+        raise TableDamaged(
+            f"shape '{shape}': log entry {torn[0]} of {log_dir} is not whole but later entries are"
+        )
+    return versions
+
+
+def _torn_checkpoints_removed(shape: str, log_dir: Path) -> None:
+    """A checkpoint (or the hint naming one) that is not whole is removed: the entries
+    it summed up are still in the log (tidemark never cleans up entries newer than
+    the newest whole checkpoint)."""
+    removed = []
+    for checkpoint in sorted(log_dir.glob("*.checkpoint*.parquet"), reverse=True):
+        try:
+            pq.read_metadata(checkpoint)
+            break
+        except Exception:
+            checkpoint.unlink()
+            removed.append(checkpoint.name)
+    hint = log_dir / "_last_checkpoint"
+    if hint.exists():
+        try:
+            version = int(json.loads(hint.read_text())["version"])
+            whole = any(log_dir.glob(f"{version:020d}.checkpoint*.parquet"))
+        except (ValueError, KeyError, TypeError, OSError):
+            whole = False
+        if not whole:
+            hint.unlink()
+            removed.append(hint.name)
+    if removed:
+        sync_folder(log_dir)
+        log.warning("table.torn_checkpoints_removed", shape=shape, files=removed)
+
+
+def _entry_adds(entry: Path) -> list[tuple[str, int]]:
+    """The files a log entry adds (relative path, size)."""
+    out = []
+    for line in entry.read_text().splitlines():
+        add = json.loads(line).get("add") if line.strip() else None
+        if add is not None:
+            out.append((unquote(add["path"]), int(add["size"])))
+    return out
+
+
+def entries_sync(log_dir: Path, first: int, last: int) -> SyncSet:
+    """What makes log entries ``first..last`` durable (with a checkpoint among them and
+    the hint that names it): the entries and the log folder."""
+    synced = SyncSet()
+    for version in range(first, last + 1):
+        entry = log_dir / f"{version:020d}.json"
+        if entry.exists():
+            synced.file(entry)
+        for checkpoint in log_dir.glob(f"{version:020d}.checkpoint*.parquet"):
+            synced.file(checkpoint)
+    hint = log_dir / "_last_checkpoint"
+    if hint.exists():
+        synced.file(hint)
+    synced.folder(log_dir)
+    return synced
+
+
+def recover_log(shape: str, path: Path, root: Path) -> int | None:
+    """Repair what a power loss can leave of a Delta table's commits that were never
+    synced, and make the last run's newest commit durable; returns the newest version
+    (None: no table).
+
+    Repaired without asking: log entries at the end of the log that are empty or not
+    whole JSON (a commit whose entry was never synced, so nothing was acknowledged or
+    deleted because of it: removed; the next commit writes that version again), and a
+    checkpoint or ``_last_checkpoint`` hint that is not whole (removed: the entries it
+    summed up are still in the log). Synced: the newest entry, the files it adds, the
+    folders up to ``root`` (a process that crashed between a commit and its sync left
+    them in the page cache only, and the restart would acknowledge them). A torn entry
+    before a whole one, or a sync that fails, is ``SinkError``."""
+    log_dir = path / "_delta_log"
+    if not log_dir.is_dir():
+        return None
+    versions = _torn_tail_removed(shape, log_dir)
+    _torn_checkpoints_removed(shape, log_dir)
+    if not versions:
+        return None  # a creation that never became durable: created again
+    newest = versions[-1]
+    synced = entries_sync(log_dir, newest, newest)
+    for rel, size in _entry_adds(log_dir / f"{newest:020d}.json"):
+        synced.new_file(path / rel, path, size)
+    synced.new_folder(log_dir, root)
+    synced.sync()
+    return newest
+
+
+def set_aside(table: ShapeTable) -> Path:
+    """Move a damaged table's folder to ``<root>/damaged/<shape>-<time>/`` (kept for a
+    look, never read by tidemark again), durably; returns where it went."""
+    aside = (
+        table.root / "damaged" / f"{table.shape}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    )
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(table.path, aside)
+    synced = SyncSet()
+    synced.new_folder(aside, table.root)
+    synced.folder(table.path.parent)
+    synced.sync()
+    table.refresh_handle()
+    return aside
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
+
+
 class ShapeTable:
     """The Delta table of one shape. Thread-safe: Spark jobs commit from worker threads."""
 
@@ -206,7 +354,7 @@ class ShapeTable:
     ) -> None:
         """Create the table (idempotent when it exists with a compatible schema)."""
         with self._lock:
-            if self.exists():
+            if self.recover():
                 self.ensure_columns(schema)
                 return
             self.path.mkdir(parents=True, exist_ok=True)
@@ -226,7 +374,17 @@ class ShapeTable:
                 raise SinkError(
                     f"cannot create the Delta table of shape '{self.shape}' at {self.uri}: {exc}"
                 ) from exc
+            self._created()
             log.info("table.created", shape=self.shape, path=self.uri)
+
+    def _created(self) -> None:
+        """A new table's first log entry, its ``data/`` folder and the folders up to the
+        sink root made durable: a commit's files then need only their own folders."""
+        (self.path / "data").mkdir(exist_ok=True)
+        synced = SyncSet()
+        synced.new_folder(self.path / "data", self.root)
+        self._sync_entries(synced, 0, 0)
+        synced.sync()
 
     def table(self) -> DeltaTable:
         """The library's handle, current with every commit made through this object."""
@@ -247,6 +405,12 @@ class ShapeTable:
                 self._dt = DeltaTable(self.uri)
                 self._behind = False
             return self._dt
+
+    def refresh_handle(self) -> None:
+        """Forget what the handle knew of the table (its folder was replaced)."""
+        with self._lock:
+            self._dt = self._head = None
+            self.fitted = None
 
     def refresh(self) -> DeltaTable:
         with self._lock:
@@ -332,7 +496,10 @@ class ShapeTable:
                 from deltalake.schema import Field
 
                 self.fitted = None
-                self.table().alter.add_columns([Field.from_arrow(f) for f in added])
+                dt = self.table()
+                before = dt.version()
+                dt.alter.add_columns([Field.from_arrow(f) for f in added])
+                self._synced_library_commit(before, dt.version())
                 log.info("table.columns_added", shape=self.shape, columns=[f.name for f in added])
             return [f.name for f in added]
 
@@ -470,8 +637,9 @@ class ShapeTable:
         lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
         log_dir = self.path / "_delta_log"
         temp = log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
-        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as fh:
-            fh.write(("\n".join(lines) + "\n").encode())
+        # synced before it gets its name: a log entry on disk is always whole (its
+        # folder is synced by the caller, with the other tables' of the round)
+        write_synced(temp, ("\n".join(lines) + "\n").encode())
         try:
             published = publish_new(temp, log_dir / f"{version:020d}.json")
         except OSError as exc:  # e.g. a filesystem without hard links: the library's way
@@ -489,6 +657,9 @@ class ShapeTable:
             try:
                 dt = self.table()
                 dt.create_checkpoint()
+                synced = SyncSet()
+                self._sync_entries(synced, version, version)
+                synced.sync()
                 self._know(dt)
             except Exception as exc:
                 log.warning("commit.checkpoint_failed", shape=self.shape, error=str(exc))
@@ -505,6 +676,77 @@ class ShapeTable:
         config = dt.metadata().configuration
         interval = int(config.get("delta.checkpointInterval") or CHECKPOINT_INTERVAL)
         self._head = _Head(dt.version(), dt.transaction_version(self.app_id), interval)
+
+    # -- durability -----------------------------------------------------------
+
+    @property
+    def log_dir(self) -> Path:
+        return self.path / "_delta_log"
+
+    def files_sync(self, files: Sequence[DataFile]) -> SyncSet:
+        """What makes ``files`` (under ``data/``, written for a commit) durable: each
+        file with the size it was written with, its ``data/<uuid>/`` folder, and
+        ``data/``, which gained that folder (``data/`` itself is durable since the
+        table was created or recovered)."""
+        synced = SyncSet()
+        top = self.path / "data"
+        for f in files:
+            synced.new_file(self.path / f.path, top, f.size)
+        return synced
+
+    def log_sync(self) -> SyncSet:
+        """What makes the entries committed by direct appends durable: the log folder
+        (the entries' bytes were synced before they were named)."""
+        synced = SyncSet()
+        synced.folder(self.log_dir)
+        return synced
+
+    def _sync_entries(self, synced: SyncSet, first: int, last: int) -> None:
+        synced.update(entries_sync(self.log_dir, first, last))
+
+    def _synced_library_commit(self, before: int, after: int) -> None:
+        """The entries a library commit (or several) wrote, synced."""
+        entries_sync(self.log_dir, before + 1, after).sync()
+
+    def recover(self) -> bool:
+        """At start, before anything reads the table: ``recover_log``, then the table
+        opened and every file its log names checked (present, with its size). Returns
+        whether a table exists; ``TableDamaged`` when it cannot be used."""
+        with self._lock:
+            try:
+                newest = recover_log(self.shape, self.path, self.root)
+            except SinkError as exc:
+                raise TableDamaged(self._damaged(str(exc))) from exc
+            if newest is None:
+                return False
+            data = self.path / "data"
+            if not data.is_dir():  # made here, not by the first round: durable from now
+                data.mkdir()
+                synced = SyncSet()
+                synced.folder(self.path)
+                synced.sync()
+            self._dt = self._head = None
+            try:
+                active = self._active_files(self._handle())
+            except Exception as exc:
+                raise TableDamaged(self._damaged(f"its Delta log cannot be read: {exc}")) from exc
+            missing = [p for p, size in active if not _has_size(self.path / p, size)]
+            if missing:
+                raise TableDamaged(
+                    self._damaged(
+                        f"{len(missing)} data file(s) its log names are missing or cut short, "
+                        f"e.g. {missing[0]}"
+                    )
+                )
+            return True
+
+    def _damaged(self, what: str) -> str:
+        return (
+            f"shape '{self.shape}': its table {self.uri} is damaged ({what}). Its rows must "
+            "be rebuilt from a snapshot: start tidemark with [source] on_stream_gap = "
+            '"resync" to have the table set aside and rebuilt, or remove the shape and add '
+            "it again"
+        )
 
     def active_files_with_sizes(self) -> list[tuple[str, int]]:
         with self._lock:
@@ -578,13 +820,18 @@ class ShapeTable:
         *,
         schema: pa.Schema | None = None,
         extra: Sequence[Transaction] = (),
+        data_change: bool = True,
     ) -> int:
-        """One Delta commit: remove, add ``files``, tag ``(app_id, app_version)`` and
-        the ``extra`` application transactions; with ``schema``, an overwrite that
-        replaces every file and the schema."""
-        adds = [f.add_action() for f in files]
+        """One Delta commit through the library: remove, add ``files``, tag ``(app_id,
+        app_version)`` and the ``extra`` application transactions; with ``schema``, an
+        overwrite that replaces every file and the schema. ``files`` are synced before
+        the commit, its log entries after it, before this returns (the library's own
+        writes reach the page cache only)."""
+        adds = [f.add_action(data_change=data_change) for f in files]
         custom = {"tidemark.rows": str(sum(f.num_rows for f in files))}
         custom |= {k: str(v) for k, v in metadata.items()}
+        self.files_sync(files).sync()  # the files before the entry that names them
+        before = dt.version()
         dt.create_write_transaction(
             [*removes, *adds],
             mode="append" if schema is None else "overwrite",
@@ -599,6 +846,7 @@ class ShapeTable:
             ),
         )
         dt.update_incremental()
+        self._synced_library_commit(before, dt.version())
         if schema is not None:
             self.fitted = None
         self._know(dt)
@@ -639,27 +887,75 @@ class ShapeTable:
     # -- maintenance --------------------------------------------------------
 
     def compact(self, target_size: int = 128 * 1024 * 1024) -> dict[str, Any]:
-        """Rewrite small files into larger ones (one commit; data unchanged)."""
+        """Rewrite small files into larger ones: one commit that removes them and adds
+        their rows in fewer files (``dataChange`` false: the same rows). Written here,
+        not by deltalake's ``optimize``, so that the new files are synced before the
+        commit that names them (the library's writes reach the page cache only: a power
+        loss after its commit could leave a log naming empty files). The caller holds
+        the shape's flushes."""
         with self._lock:
-            metrics = self.table().optimize.compact(target_size=target_size)
-            log.info(
-                "table.compacted",
-                shape=self.shape,
-                added=metrics.get("numFilesAdded"),
-                removed=metrics.get("numFilesRemoved"),
-            )
+            dt = self.table()
+            dt.update_incremental()
+            small = [(p, n) for p, n in self._active_files(dt) if n < target_size // 2]
+            bins: list[list[tuple[str, int]]] = [[]]
+            size = 0
+            for path, n in sorted(small):
+                if bins[-1] and size + n > target_size:
+                    bins.append([])
+                    size = 0
+                bins[-1].append((path, n))
+                size += n
+            bins = [b for b in bins if len(b) > 1]
+            if not bins:
+                return {"numFilesAdded": 0, "numFilesRemoved": 0}
+            schema = pa.schema([f.remove_metadata() for f in self.arrow_schema()])
+            rel, folder = self.new_batch_dir()
+            folder.mkdir(parents=True)
+            added: list[DataFile] = []
+            try:
+                for i, group in enumerate(bins):
+                    parts = [pq.read_table(self.path / p) for p, _ in group]
+                    rows = pa.concat_tables(parts, promote_options="default")
+                    rows = rows.select([n for n in schema.names if n in rows.column_names])
+                    name = f"{rel}/part-{i:05d}-compacted.parquet"
+                    pq.write_table(rows, self.path / name, compression="zstd")
+                    added.append(self.file_at(name))
+                removed = [item for group in bins for item in group]
+                now = int(time.time() * 1000)
+                removes = [RemoveAction(p, False, now, n, {}) for p, n in removed]
+                custom = {"tidemark.operation": "compaction"}
+                version = dt.transaction_version(self.app_id)
+                self._write(dt, removes, added, custom, version, data_change=False)
+            except BaseException:
+                self.delete_files(added)
+                raise
+            metrics = {"numFilesAdded": len(added), "numFilesRemoved": len(removed)}
+            log.info("table.compacted", shape=self.shape, added=len(added), removed=len(removed))
             return metrics
 
-    def vacuum(self, retention_hours: int = 24) -> list[str]:
+    def vacuum(self, retention_hours: int = 24, keep: Sequence[DataFile] = ()) -> list[str]:
         """Delete files no commit references (failed batches) and tombstones older than
-        ``retention_hours``. In-flight batches are younger than that."""
+        ``retention_hours``. ``keep``: files a pending batch will commit (staged for a
+        transaction still open, or in a batch waiting for its retry); they are made
+        young first, so that however old they are, vacuum leaves them. Removed files
+        are deleted only after the commits that removed them were synced (every commit
+        here is, before it returns)."""
         with self._lock:
-            deleted = self.table().vacuum(
+            now = time.time()
+            for f in keep:
+                with contextlib.suppress(FileNotFoundError):
+                    os.utime(self.path / f.path, (now, now))
+            dt = self.table()
+            before = dt.version()
+            deleted = dt.vacuum(
                 retention_hours=retention_hours,
                 dry_run=False,
                 enforce_retention_duration=False,
                 full=True,
             )
+            dt.update_incremental()  # (vacuum's own commits, synced like every other)
+            self._synced_library_commit(before, dt.version())
+            self._know(dt)
             if deleted:
                 log.info("table.vacuumed", shape=self.shape, files=len(deleted))
             return list(deleted)

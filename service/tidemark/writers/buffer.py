@@ -203,6 +203,9 @@ class Batch:
     spooled: list[SpooledTxn] = field(default_factory=list)
     # rows by _kind, counted before a flush moves the rows to spool files (metrics)
     kinds: dict[str, int] | None = None
+    # why the batch can never be committed (a staged file whose sync failed: its rows
+    # are not in memory to write again); None: it can
+    lost: str | None = None
 
     @property
     def row_count(self) -> int:
@@ -497,6 +500,11 @@ class ShapeBuffer:
             self._open.rows.remap(positions)
         for part in self._streams.values():
             part.rows.remap(positions)
+
+    def staged_files(self) -> list[DataFile]:
+        """Files staged for the open transaction and the ready region."""
+        open_staged = [] if self._open is None else self._open.staged
+        return [*open_staged, *self._ready_staged]
 
     def take_batch(self) -> Batch | None:
         if self._ready_end is None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tidemark.durable import SyncFailed, SyncSet
 from tidemark.errors import SinkError
 from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
 from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema
@@ -221,20 +222,85 @@ def commit_batch(
     return commit_files(table, batch, files, time.perf_counter() - started)
 
 
+def sync_batch_files(table: ShapeTable, batch: Batch, synced: SyncSet) -> None:
+    """Sync the files a batch's commit will name (``synced``: ``ShapeTable.files_sync``
+    of them)."""
+    if batch.lost is not None:
+        raise SinkError(batch.lost)
+    try:
+        synced.sync()
+    except SyncFailed as exc:
+        raise _sync_error(table, batch, exc) from exc
+
+
+def _sync_error(table: ShapeTable, batch: Batch, exc: SyncFailed) -> SinkError:
+    """A failed sync of a batch's files: retried like any failed flush (Spark writes
+    the rows again, into new files), unless a staged file failed: its rows are not in
+    memory to be written again, and syncing it again could report success for bytes
+    the kernel dropped, so the batch is lost (``Batch.lost``) until a restart."""
+    if not {table.path / f.path for f in batch.staged} & exc.paths:
+        return exc
+    batch.lost = (
+        f"shape '{table.shape}': a file of a transaction staged to disk before its commit "
+        f"cannot be made durable ({exc}); its rows are no longer in memory, so this batch "
+        "is never committed and nothing past it is acknowledged. Restart tidemark once the "
+        "disk is healthy: Postgres sends the transaction again"
+    )
+    return SinkError(batch.lost)
+
+
+def sync_group(parts: Sequence[tuple[ShapeTable, Batch, SyncSet]]) -> dict[int, SinkError]:
+    """Group commit: the sets of several tables' commits synced in one step. Returns
+    the failures by index in ``parts``: a part fails only when one of its own paths
+    did."""
+    together = SyncSet()
+    for _, batch, synced in parts:
+        if batch.lost is None:
+            together.update(synced)
+    failed: dict[int, SinkError] = {}
+    try:
+        together.sync()
+    except SyncFailed as exc:
+        for i, (table, batch, synced) in enumerate(parts):
+            mine = (set(synced.files) | synced.folders) & exc.paths
+            if mine:
+                failed[i] = _sync_error(table, batch, SyncFailed(str(exc), mine))
+    for i, (_, batch, _) in enumerate(parts):
+        if batch.lost is not None and i not in failed:
+            failed[i] = SinkError(batch.lost)
+    return failed
+
+
 def commit_files(
-    table: ShapeTable, batch: Batch, files: list[DataFile], write_seconds: float
+    table: ShapeTable,
+    batch: Batch,
+    files: list[DataFile],
+    write_seconds: float,
+    *,
+    grouped: bool = False,
 ) -> CommitResult:
     """The Delta commit of ``batch`` once its files are written (``files`` includes the
-    staged ones); then its spool files, now in the table, are deleted."""
+    staged ones); then its spool files, now in the table, are deleted.
+
+    Durability: the files are synced before the commit names them, the log entry
+    before it is named, and the log folder before this returns, so the batch may be
+    acknowledged once it has. ``grouped``: a flush round synced the files already,
+    and syncs the log folders of all its tables at once after their commits
+    (``ShapeTable.log_sync``): the batch may be acknowledged only after that."""
     if batch.kinds is None:
         batch.kinds = dict(Counter(batch.rows.kinds))
     kinds = dict(batch.kinds)
     started = time.perf_counter()
+    if not grouped:
+        sync_batch_files(table, batch, table.files_sync(files))
     metadata = {
         "tidemark.transactions": batch.transactions,
         "tidemark.lastOp": batch.last_offset.op_offset,
     }
     version = table.commit(files, batch.end_lsn, metadata, first_lsn=batch.first_lsn)
+    if not grouped:
+        # (also after a replay: the entry found may be one a failed sync left behind)
+        table.log_sync().sync()
     done = time.perf_counter()
     # the spool files are in the table now (or were already: a replay)
     table.delete_spool([f for txn in batch.spooled for f in txn.files])

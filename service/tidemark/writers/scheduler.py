@@ -47,6 +47,7 @@ import structlog
 
 from tidemark.aio import wait_event
 from tidemark.errors import WriterFenced
+from tidemark.sink.table import DataFile
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
 from tidemark.writers.cadence import Cadence, round_share
 from tidemark.writers.job import (
@@ -56,6 +57,7 @@ from tidemark.writers.job import (
     commit_batch,
     commit_files,
     joins_round,
+    sync_group,
     write_parquet,
     write_round,
     write_spool,
@@ -497,24 +499,45 @@ class FlushScheduler:
         self.stats.round_shapes += len(members)
         log.debug("round.written", shapes=len(members), write_s=round(write_s, 3))
         errors: dict[str, BaseException] = {}
-        loop = asyncio.get_running_loop()
-        commits: dict[str, asyncio.Future[CommitResult]] = {}
+        ready: list[tuple[ShapeWriter, Batch, list[DataFile]]] = []
         for (writer, batch), files in zip(members, written, strict=True):
             if isinstance(files, BaseException):
                 errors[writer.shape] = files
-                continue
-            commits[writer.shape] = loop.run_in_executor(
-                self._commits, commit_files, writer.table, batch, files, write_s
-            )
+            else:
+                ready.append((writer, batch, files))
+        # group commit: every member's files synced in one step, then the commits, then
+        # every committed member's log folder in one step; only then acknowledged
+        files_synced = [(w.table, b, w.table.files_sync(files)) for w, b, files in ready]
+        failed = await asyncio.to_thread(sync_group, files_synced)
+        for i, error in failed.items():
+            errors[ready[i][0].shape] = error
+        loop = asyncio.get_running_loop()
+        commits: dict[str, asyncio.Future[CommitResult]] = {}
+        for i, (writer, batch, files) in enumerate(ready):
+            if i not in failed:
+                commits[writer.shape] = loop.run_in_executor(
+                    self._commits,
+                    functools.partial(
+                        commit_files, writer.table, batch, files, write_s, grouped=True
+                    ),
+                )
         outcomes = await asyncio.gather(*commits.values(), return_exceptions=True)
-        self.cadence.observe(self._clock() - launched)
+        committed: list[tuple[ShapeWriter, Batch, CommitResult]] = []
         results = dict(zip(commits, outcomes, strict=True))
         for writer, batch in members:
             outcome = results.get(writer.shape)
             if isinstance(outcome, BaseException):
                 errors[writer.shape] = outcome
             elif outcome is not None:
-                self._committed(writer, batch, outcome)
+                committed.append((writer, batch, outcome))
+        logs_synced = [(w.table, b, w.table.log_sync()) for w, b, _ in committed]
+        failed = await asyncio.to_thread(sync_group, logs_synced)
+        self.cadence.observe(self._clock() - launched)
+        for i, (writer, batch, result) in enumerate(committed):
+            if i in failed:
+                errors[writer.shape] = failed[i]
+            else:
+                self._committed(writer, batch, result)
         return errors
 
     def _staging_dir(self, writer: ShapeWriter) -> Path:

@@ -81,6 +81,7 @@ class ShapeWriter:
         self.hold_commits = False
         self.failure: JobFailure | None = None  # the last job failed: retried later
         self.retry: Callable[[], Any] | None = None  # that job, kept for its retry
+        self.taken: Batch | None = None  # the batch a job holds, until it commits
         # spool files no transaction will commit: the scheduler deletes them
         self.orphans: list[DataFile] = []
 
@@ -195,7 +196,14 @@ class ShapeWriter:
         batch = self.buffer.take_batch()
         if batch is not None:
             batch.columns, batch.schema = list(self.columns), self.schema
+            self.taken = batch
         return batch
+
+    def pending_files(self) -> list[DataFile]:
+        """Files written for commits still to come: staged for transactions buffered or
+        in a batch not committed yet (vacuum must leave them)."""
+        taken = [] if self.taken is None else self.taken.staged
+        return [*self.buffer.staged_files(), *taken]
 
     @property
     def oldest_held_lsn(self) -> int | None:
@@ -213,12 +221,15 @@ class ShapeWriter:
         self.buffer = ShapeBuffer(self.shape)
         self.failure, self.retry = None, None
         self.in_flight_bytes, self.in_flight_lsn = 0, None
+        self.taken = None
         self.hold_commits = False
         self.alignment = TxnAlignment()
         self._accepting = False
 
     def batch_committed(self, batch: Batch, version: int | None) -> None:
         """The sink committed ``batch`` (or had it already: version None)."""
+        if self.taken is batch:
+            self.taken = None
         self.committed_lsn = max(self.committed_lsn or 0, batch.end_lsn)
         self.rows_committed += batch.row_count
         self.commits += version is not None
