@@ -8,9 +8,9 @@ STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup java prometheus test test-fast test-integration lint demo bench clean jvm
+.PHONY: setup java prometheus fuse test test-fast test-integration lint demo bench clean jvm
 
-setup: java prometheus $(STAMP)
+setup: java prometheus fuse $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,22 @@ prometheus:
 		echo "note: promtool/prometheus/prometheus-postgres-exporter not found: the alert tests"; \
 		echo "will be skipped. Install them with 'sudo apt-get install prometheus"; \
 		echo "prometheus-postgres-exporter' (or run make setup as root)."; \
+	fi
+
+# The crash tests mount tests/crashfs (a FUSE file system that forgets what was not
+# synced): they need fusermount3 and libfuse 3 (Debian: fuse3, libfuse3-3) and /dev/fuse.
+# As root we install the packages; otherwise those tests are skipped and say why.
+fuse:
+	@if command -v fusermount3 >/dev/null \
+		&& PATH="$$PATH:/sbin:/usr/sbin" ldconfig -p | grep -q 'libfuse3\.so\.3 '; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing fusermount3 and libfuse 3 (Debian packages fuse3, libfuse3-3)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends fuse3 libfuse3-3; \
+	else \
+		echo "note: fusermount3/libfuse 3 not found: the crashfs tests will be skipped."; \
+		echo "Install them with 'sudo apt-get install fuse3 libfuse3-3' (or run make setup"; \
+		echo "as root)."; \
 	fi
 
 # Pure cores only: no Postgres, no Spark.
