@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 
+from bench import sink_sync
 from tidemark.embedded import EmbeddedPostgres
 from tidemark.lsn import Lsn, format_lsn
 
@@ -99,7 +100,7 @@ def _settings(pg: EmbeddedPostgres, root: Path) -> Any:
     return Settings.model_validate(
         {
             "source": {"dsn": pg.dsn(), "slot": "tidemark_bench", "publication": "bench_pub"},
-            "sink": {"root": str(root)},
+            "sink": {"root": str(root), "sync": sink_sync()},
             "http": {"port": 0},
             "flush": {"max_age_s": 1.0, "max_rows": 250_000},
             "monitor": {"period_s": 0.2},

@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 
+from bench import sink_sync
 from tidemark.embedded import EmbeddedPostgres
 from tidemark.lsn import Lsn
 
@@ -44,7 +45,7 @@ def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
     return Settings.model_validate(
         {
             "source": {"dsn": pg.dsn(db), "slot": f"bench_{shapes}", "publication": "grp_pub"},
-            "sink": {"root": str(root)},
+            "sink": {"root": str(root), "sync": sink_sync()},
             "http": {"port": 0},
             "monitor": {"period_s": 0.5},
             "current": {"enabled": CURRENT},

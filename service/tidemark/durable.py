@@ -187,6 +187,26 @@ def sync_folder(path: Path) -> None:
         os.close(fd)
 
 
+FULL_BELOW_BYTES: Final = 16 * 1024 * 1024
+
+
+def full_disk(path: Path) -> str | None:
+    """What to say when a write under ``path`` failed and its filesystem is (nearly)
+    full: Spark's Hadoop writer reports a full disk only as "Mkdirs failed" or a bare
+    IOException. None when there is room (or ``path`` cannot be looked at)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free >= FULL_BELOW_BYTES:
+        return None
+    return (
+        f"the filesystem of {path} is full ({free} bytes free): free some space; the "
+        "failed work is retried and nothing past it is acknowledged meanwhile"
+    )
+
+
 def write_synced(path: Path, data: bytes) -> None:
     """Write a new file ``path`` (it must not exist) and fdatasync it."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -204,9 +224,27 @@ def write_synced(path: Path, data: bytes) -> None:
     os.close(fd)
 
 
+def make_dirs(path: Path) -> None:
+    """``mkdir -p`` that survives a power loss: each folder it creates is synced into
+    its parent (a new folder's name lives in its parent's entries)."""
+    missing = []
+    at = path
+    while not at.is_dir():
+        missing.append(at)
+        if at.parent == at:
+            break
+        at = at.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        sync_folder(folder.parent)
+
+
 def write_atomically(path: Path, data: str | bytes) -> None:
     directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:

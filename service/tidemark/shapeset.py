@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -53,6 +54,7 @@ from tidemark.backfill.runner import (
 )
 from tidemark.collector import ShapeLogCollector
 from tidemark.continuity.store import ContinuityStore
+from tidemark.durable import full_disk
 from tidemark.errors import ConfigError, ShapeConflict, ShapeError, TableDamaged
 from tidemark.flush.tracker import FlushTracker
 from tidemark.replication.slot import add_tables_to_publication
@@ -664,6 +666,9 @@ class ShapeSet:
         status.backfill_attempts += 1
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (status.backfill_attempts - 1))
         cause = f"{type(exc).__name__}: {exc}".strip()
+        full = full_disk(Path(self.settings.sink.root))
+        if full is not None:
+            cause = f"{full} ({cause})"
         status.state = "error"
         status.error = (
             f"backfill failed (attempt {status.backfill_attempts}, retrying in {delay:.0f}s): "

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from tidemark.durable import full_disk
 from tidemark.sink import current
 from tidemark.spark import in_background
 from tidemark.writers.job import default_parallelism
@@ -238,6 +239,7 @@ class CurrentKeeper:
                 "current.refresh_failed",
                 shape=name,
                 error=f"{type(outcome).__name__}: {outcome}",
+                disk=full_disk(Path(self.root)),
                 exc_info=outcome,
             )
             return None

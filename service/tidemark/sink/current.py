@@ -59,7 +59,7 @@ import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import RemoveAction
 
-from tidemark.durable import SyncSet
+from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
 from tidemark.sink.schema import (
     LSN,
@@ -736,7 +736,7 @@ def _commit(
     for f in added:
         synced.new_file(table.path / f.path, table.path, f.size)
     if dt is None:
-        table.path.mkdir(parents=True, exist_ok=True)
+        make_dirs(table.path)
         description = json.dumps({"tidemark": {"current_of": table.shape}}, sort_keys=True)
         dt = DeltaTable.create(
             table.uri,

@@ -79,7 +79,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from tidemark.durable import SyncSet, publish_new, sync_folder, write_synced
+from tidemark.durable import SyncSet, make_dirs, publish_new, sync_folder, write_synced
 from tidemark.errors import SinkError, TableDamaged, WriterFenced
 from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
 
@@ -306,7 +306,7 @@ def set_aside(table: ShapeTable) -> Path:
     aside = (
         table.root / "damaged" / f"{table.shape}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     )
-    aside.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(aside.parent)
     os.rename(table.path, aside)
     synced = SyncSet()
     synced.new_folder(aside, table.root)
@@ -357,7 +357,7 @@ class ShapeTable:
             if self.recover():
                 self.ensure_columns(schema)
                 return
-            self.path.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.path)
             description = json.dumps(
                 {"tidemark": {"primary_key": list(primary_key), "shape": dict(definition or {})}},
                 sort_keys=True,

@@ -46,6 +46,7 @@ from typing import Any
 import structlog
 
 from tidemark.aio import wait_event
+from tidemark.durable import full_disk
 from tidemark.errors import WriterFenced
 from tidemark.sink.table import DataFile
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
@@ -441,6 +442,9 @@ class FlushScheduler:
         attempts = 1 if previous is None else previous.attempts + 1
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
         cause = f"{type(error).__name__}: {error}"
+        full = full_disk(writer.table.root)
+        if full is not None:
+            cause = f"{full} ({cause})"
         writer.failure = JobFailure(
             cause,
             attempts,

@@ -1,0 +1,275 @@
+"""Power loss end to end: the sink root on a filesystem that forgets what was not synced.
+
+``tests/crashfs`` keeps every write and directory change that was not made durable by
+``fsync``/``fdatasync`` of the file or ``fsync`` of its folder in a volatile layer; a
+power loss freezes it, kills the service and its JVM, and drops that layer. A process
+kill (``test_e2e_crash``) cannot show a missing sync: the page cache survives it.
+
+The workload: small transactions into two tables (inserts, updates moving rows between
+groups, deletes), streamed big transactions (``logical_decoding_work_mem`` 64 kB),
+current tables refreshed every second, and upkeep (retention at 0 h, compaction,
+vacuum) every few seconds; during the crashes a shape is added (a backfill commit)
+and a column's type changes (a resync replacing the schema). Before each power loss
+everything written so far is made durable (``CrashFS.writeback``: the kernel's own
+flush every few seconds), so the cut takes the last seconds' unsynced writes, as in
+the field; then a *marker* transaction (rows no one changes again) is committed and the test waits
+until ``confirmed_flush_lsn`` passed it: Postgres will never send it again, so a lost
+marker is a lost acknowledged transaction. At the end every shape's folded table
+equals Postgres, every marker is in it, no ``(_lsn, _op)`` is there twice, and every
+table opens with deltalake.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from tests.crashfs import CrashFS, require_crashfs
+from tidemark.embedded import free_port
+from tidemark.lsn import Lsn
+from tidemark.verify import compare_shape
+
+from .conftest import PgDatabase, one_server
+from .remote_service import service_env, start_service
+from .test_e2e_crash import committed_lsns, wait_streaming
+
+SHAPES = [
+    {"name": "hot", "table": "public.items", "where": "grp = 0"},
+    {"name": "items_all", "table": "public.items", "columns": ["grp"]},
+    {"name": "orders", "table": "public.orders"},
+]
+ADDED = {"name": "late", "table": "public.orders", "where": "qty > 5"}
+TRUTH = {
+    "hot": "select id, grp, payload from items where grp = 0",
+    "items_all": "select id, grp from items",
+    "orders": "select id, qty, note from orders",
+    "late": "select id, qty, note from orders where qty > 5",
+}
+MARKER_BASE = 10_000_000
+CRASHES = int(os.environ.get("TIDEMARK_TEST_POWER_LOSSES", "8"))
+
+
+class Workload(threading.Thread):
+    """Small transactions on both tables, and every 40th a big one (streamed)."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.stop = threading.Event()
+        self.transactions = 0
+        self.failures = 0
+        self.last_error = ""
+
+    def run(self) -> None:
+        rng = random.Random(5)
+        next_id = 1
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    while not self.stop.is_set():
+                        with conn.transaction():
+                            if self.transactions % 40 == 39:
+                                conn.execute(
+                                    "insert into orders select g, g %% 10, repeat('x', 200)"
+                                    " from generate_series(%s::int, %s::int) g",
+                                    (next_id, next_id + 1999),
+                                )
+                                next_id += 2000
+                            for _ in range(rng.randint(1, 6)):
+                                roll = rng.random()
+                                if roll < 0.55 or next_id < 10:
+                                    conn.execute(
+                                        "insert into items values (%s, %s, %s)",
+                                        (next_id, rng.randint(0, 2), "p" * rng.randint(1, 40)),
+                                    )
+                                    conn.execute(
+                                        "insert into orders values (%s, %s, 'o')",
+                                        (next_id, rng.randint(0, 9)),
+                                    )
+                                    next_id += 1
+                                elif roll < 0.85:
+                                    conn.execute(
+                                        "update items set grp = %s, payload = payload || 'u'"
+                                        " where id = %s",
+                                        (rng.randint(0, 2), rng.randint(1, next_id)),
+                                    )
+                                else:
+                                    victim = rng.randint(1, next_id)
+                                    conn.execute("delete from items where id = %s", (victim,))
+                                    conn.execute("delete from orders where id = %s", (victim,))
+                        self.transactions += 1
+                        time.sleep(0.01)
+            except psycopg.Error as exc:  # (the type change below holds a lock a moment)
+                self.failures += 1
+                self.last_error = str(exc)
+                time.sleep(0.1)
+
+
+def confirmed_flush(dsn: str, slot: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s",
+            (slot,),
+        ).fetchone()
+    return 0 if row is None or row[0] is None else int(Lsn.parse(row[0]))
+
+
+def commit_marker(dsn: str, n: int) -> int:
+    """A transaction no one changes again, in every table; its commit's end LSN."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("insert into items values (%s, 0, 'marker')", (MARKER_BASE + n,))
+            conn.execute("insert into orders values (%s, 7, 'marker')", (MARKER_BASE + n,))
+        row = conn.execute("select pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return int(Lsn.parse(row[0]))
+
+
+def wait_acknowledged(dsn: str, slot: str, lsn: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while confirmed_flush(dsn, slot) < lsn:
+        assert time.monotonic() < deadline, f"confirmed_flush_lsn did not reach {Lsn(lsn)}"
+        time.sleep(0.1)
+
+
+def check_acknowledged_survived(spark, root: Path, markers: list[int]) -> int:  # type: ignore[no-untyped-def]
+    """On what a power loss left (before tidemark starts again, so a backfill cannot
+    hide a loss): every shape the durable claims say is continuous holds every marker
+    acknowledged so far (markers are never changed: each is in the snapshot or in the
+    stream after it). Tables are recovered as the service does at start. Returns how
+    many shapes were checked."""
+    from tidemark import read
+    from tidemark.continuity.store import ContinuityStore
+    from tidemark.sink.current import CurrentTable
+    from tidemark.sink.table import ShapeTable
+
+    store = ContinuityStore(root)
+    wanted = {MARKER_BASE + n for n in markers}
+    checked = 0
+    for name in store.claimed():
+        assert ShapeTable(root, name).recover(), f"{name}: claimed, but its table is gone"
+        CurrentTable(root, name).recover()
+        frame = read.current(spark, str(root), name).where(f"id >= {MARKER_BASE}")
+        got = {row["id"] for row in frame.select("id").collect()}
+        assert got >= wanted, f"{name}: acknowledged markers lost: {sorted(wanted - got)}"
+        checked += 1
+    return checked
+
+
+@pytest.fixture
+def crashfs(tmp_path: Path) -> Iterator[CrashFS]:
+    require_crashfs()
+    with CrashFS.mounted(tmp_path / "crashfs") as fs:
+        yield fs
+
+
+@one_server()
+def test_power_loss_loses_no_acknowledged_transaction(
+    pg_db: PgDatabase,
+    tmp_path: Path,
+    crashfs,  # type: ignore[no-untyped-def]
+    spark,  # type: ignore[no-untyped-def]
+) -> None:
+    pg_db.execute(
+        "create table items (id int primary key, grp int, payload text);"
+        "alter table items replica identity full;"
+        "create table orders (id int primary key, qty int, note text);"
+        "alter table orders replica identity full"
+    )
+    port = free_port()
+    root = Path(crashfs.root) / "lake"
+    slot = "tm_power"
+    sep = "&" if "?" in pg_db.dsn else "?"
+    dsn = f"{pg_db.dsn}{sep}options={quote('-c logical_decoding_work_mem=64kB')}"
+    env = service_env(dsn=dsn, root=root, port=port, name=slot, shapes=SHAPES)
+    env.update(
+        {
+            "TIDEMARK_CONFIG": str(tmp_path / "none.toml"),
+            "TIDEMARK_CURRENT__REFRESH_S": "1",
+            "TIDEMARK_SINK__CHANGELOG_RETENTION_HOURS": "0",
+            "TIDEMARK_SINK__MAINTENANCE_EVERY_S": "3",
+            "TIDEMARK_SOURCE__ON_STREAM_GAP": "fail",
+        }
+    )
+    log = tmp_path / "service.log"
+    workload = Workload(pg_db.dsn)
+    rng = random.Random(17)
+    markers: list[int] = []
+    checked = 0
+    proc = start_service(env, log)
+    try:
+        wait_streaming(port, proc)
+        workload.start()
+        for crash in range(CRASHES):
+            if crash == CRASHES // 5:  # a backfill commit
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/shapes",
+                    data=json.dumps(ADDED).encode(),
+                    headers={"content-type": "application/json"},
+                    method="POST",
+                )
+                try:
+                    urllib.request.urlopen(request, timeout=30).close()
+                except urllib.error.HTTPError as exc:
+                    raise AssertionError(f"adding a shape: {exc.code} {exc.read()!r}") from exc
+            if crash == CRASHES // 2:  # a resync whose commit replaces the schema
+                pg_db.execute("alter table orders alter column qty type bigint")
+            # what was written until now reaches the disk on its own (the kernel's
+            # writeback); the cut below takes what is written from here on, unsynced
+            crashfs.writeback()
+            markers.append(len(markers))
+            marker = commit_marker(pg_db.dsn, markers[-1])
+            wait_acknowledged(pg_db.dsn, slot, marker)
+            time.sleep(rng.uniform(0.0, 2.0))
+            crashfs.power_loss(kill=[proc.pid])
+            proc.wait(timeout=30)
+            checked += check_acknowledged_survived(spark, root, markers)
+            proc = start_service(env, log)
+            wait_streaming(port, proc)
+        time.sleep(2.0)
+        workload.stop.set()
+        workload.join(timeout=30)
+        with psycopg.connect(pg_db.dsn) as conn:
+            target = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+        for name in TRUTH:
+            url = f"http://127.0.0.1:{port}/v1/progress/wait?lsn={target}&timeout=180&shape={name}"
+            with urllib.request.urlopen(url, timeout=190) as r:
+                assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        workload.stop.set()
+        if proc.poll() is None:
+            proc.kill()
+    assert workload.transactions > 15 * CRASHES, (workload.failures, workload.last_error)
+    assert checked >= 2 * CRASHES, "too few claimed shapes were checked after the crashes"
+    stats = crashfs.stats()
+    assert stats["fdatasync"] + stats["fsync"] > 0 and stats["fsyncdir"] > 0
+    for name, query in TRUTH.items():
+        result = compare_shape(spark, str(root), name, query, pg_db.dsn)
+        assert result.equal, result.describe()
+        counts = Counter(committed_lsns(root, name))
+        assert max(counts.values()) == 1, f"{name}: a (_lsn, _op) appears twice"
+        for kind in ("tables", "current"):
+            DeltaTable(str(root / kind / name)).version()  # opens
+    from tidemark import read
+
+    wanted = {MARKER_BASE + n for n in markers}
+    for name in TRUTH:
+        frame = read.current(spark, str(root), name).where(f"id >= {MARKER_BASE}")
+        got = {row["id"] for row in frame.select("id").collect()}
+        assert got == wanted, f"{name}: acknowledged markers lost: {sorted(wanted - got)}"

@@ -1,0 +1,305 @@
+"""Durability of every kind of commit, crash point by crash point, on crashfs.
+
+The sink root is on ``tests/crashfs`` (it forgets what was not synced). A cycle runs
+every kind of write tidemark makes to a table: stream commits of flush rounds, a
+current-table refresh, changelog retention (at 0 h: everything folded is dropped),
+compaction and vacuum. The power is cut at the N-th sync step of the cycle (the
+file system freezes there: nothing after it becomes durable), N drawn at random, and
+the next cycle starts from what survived, the way a restarted service does
+(``ShapeTable.recover``). After each cut: every table opens, everything the tracker
+had acknowledged is in every shape, and each shape's folded rows equal the model as
+of its committed offset (nothing half committed, nothing twice).
+
+Also here: a staged file removed before its commit, a failing fsync (EIO) and a full
+disk (ENOSPC): each fails the flush with its cause and holds the acknowledgement, and
+the shape recovers once the disk does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import random
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from tests.crashfs import CrashFS, require_crashfs
+from tidemark import durable, read
+from tidemark.sink import current
+from tidemark.sink.table import ShapeTable
+from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
+
+from .sink_support import Feeder, make_feeder, open_writer
+
+SHAPES = ("a", "b", "c")
+CYCLES = 12
+
+
+@pytest.fixture
+def crashfs(tmp_path: Path) -> Iterator[CrashFS]:
+    require_crashfs()
+    with CrashFS.mounted(tmp_path) as fs:
+        yield fs
+
+
+@contextlib.asynccontextmanager
+async def running(scheduler: FlushScheduler) -> AsyncIterator[FlushScheduler]:
+    task = asyncio.create_task(scheduler.run())
+    try:
+        yield scheduler
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
+class Model:
+    """Every transaction fed, and each shape's state after each of them."""
+
+    def __init__(self) -> None:
+        self.next_lsn = 1_000
+        self.next_id = 1
+        self.states: dict[str, list[tuple[int, dict[int, str]]]] = {s: [(0, {})] for s in SHAPES}
+        self.sent: list[tuple[int, dict[str, list[Any]]]] = []
+
+    def resend(self, feeder: Feeder, acknowledged: int) -> None:
+        """What Postgres sends again after a restart: every transaction past the
+        acknowledged LSN (the writers drop those their tables hold)."""
+        for lsn, per_shape in self.sent:
+            if lsn > acknowledged:
+                feeder.txn(lsn, per_shape)
+
+    def transaction(self, feeder: Feeder, rng: random.Random) -> int:
+        lsn = self.next_lsn
+        self.next_lsn += 1_000
+        per_shape: dict[str, list[Any]] = {}
+        for shape in SHAPES:
+            if rng.random() < 0.3:
+                continue
+            state = dict(self.states[shape][-1][1])
+            rows: list[Any] = []
+            for _ in range(rng.randint(1, 5)):
+                roll = rng.random()
+                if roll < 0.6 or not state:
+                    key, name = self.next_id, f"n{lsn}"
+                    self.next_id += 1
+                    rows.append(("insert", (str(key).encode(), name.encode(), b"x"), None))
+                    state[key] = name
+                elif roll < 0.85:
+                    key = rng.choice(sorted(state))
+                    name = f"u{lsn}"
+                    rows.append(("update", (str(key).encode(), name.encode(), b"y"), None))
+                    state[key] = name
+                else:
+                    key = rng.choice(sorted(state))
+                    rows.append(("delete", (str(key).encode(), None, None), None))
+                    del state[key]
+            per_shape[shape] = rows
+            self.states[shape].append((lsn, state))
+        self.sent.append((lsn, per_shape))
+        feeder.txn(lsn, per_shape)
+        return lsn
+
+    def as_of(self, shape: str, lsn: int) -> dict[int, str]:
+        return [state for at, state in self.states[shape] if at <= lsn][-1]
+
+    def last_touching(self, shape: str, lsn: int) -> int:
+        return max(at for at, _ in self.states[shape] if at <= lsn)
+
+
+class PowerCut:
+    """Cuts the power (freezes crashfs) just before the N-th sync step from now, and
+    keeps what the tracker had acknowledged at that moment."""
+
+    def __init__(self, fs: CrashFS, feeder: Feeder, at: int) -> None:
+        self.fs, self.feeder, self.at = fs, feeder, at
+        self.calls = 0
+        self.acknowledged = 0
+        self.cut = False
+
+    def __call__(self, synced: durable.SyncSet, real: Any) -> None:
+        self.calls += 1
+        if self.calls == self.at and not self.cut:
+            self.acknowledged = max(self.feeder.notified, default=0)
+            self.fs.freeze()
+            self.cut = True
+        real(synced)
+
+
+async def one_cycle(
+    spark: Any, root: Path, model: Model, rng: random.Random, cut: PowerCut, acknowledged: int
+) -> None:
+    """What the service does to its tables, in one go: rounds, refresh, retention,
+    compaction, vacuum. Stops at the first error (the power is gone)."""
+    feeder = cut.feeder
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    for shape in SHAPES:
+        scheduler.add(open_writer(feeder, str(root), shape))
+    async with running(scheduler):
+        model.resend(feeder, acknowledged)
+        for _ in range(3):
+            for _ in range(rng.randint(1, 3)):
+                model.transaction(feeder, rng)
+            await scheduler.flush_all()
+            if any(w.failure for w in scheduler.writers.values()):
+                return
+    await asyncio.to_thread(current.refresh_many, spark, root, list(SHAPES), buckets=2)
+    for shape in SHAPES:
+        await asyncio.to_thread(current.compact_changelog, spark, root, shape, 0.0)
+        table = ShapeTable(root, shape)
+        await asyncio.to_thread(table.compact)
+        await asyncio.to_thread(table.vacuum, 0)
+
+
+def check_survivors(spark: Any, root: Path, model: Model, acknowledged: int) -> None:
+    """What a restart finds after the cut: recovered tables that open, everything
+    acknowledged in every shape, each shape equal to the model at its offset."""
+    for shape in SHAPES:
+        table = ShapeTable(root, shape)
+        assert table.recover(), f"{shape}: the table is gone"
+        current.CurrentTable(root, shape).recover()
+        committed = table.committed_lsn() or 0
+        needed = model.last_touching(shape, acknowledged)
+        assert committed >= needed, (
+            f"{shape}: acknowledged through {acknowledged}, but the table holds only "
+            f"{committed} of {needed}"
+        )
+        rows = read.current(spark, str(root), shape).select("id", "name").collect()
+        got = {int(r["id"]): r["name"] for r in rows}
+        assert len(got) == len(rows), f"{shape}: a key twice"
+        assert got == model.as_of(shape, committed), f"{shape}: differs from the model"
+        for kind in ("tables", "current"):
+            path = root / kind / shape
+            if path.exists():
+                DeltaTable(str(path)).version()
+
+
+async def test_a_power_cut_at_any_sync_step_loses_nothing_acknowledged(
+    spark: Any, crashfs: CrashFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = crashfs.root / "lake"
+    model = Model()
+    rng = random.Random(2026)
+    real = durable.SyncSet.sync
+    holder: dict[str, PowerCut] = {}
+    monkeypatch.setattr(durable.SyncSet, "sync", lambda self: holder["cut"](self, real))
+    cuts = acknowledged = 0
+    for _ in range(CYCLES):
+        feeder = make_feeder()
+        cut = holder["cut"] = PowerCut(crashfs, feeder, rng.randint(1, 60))
+        with contextlib.suppress(Exception):
+            await one_cycle(spark, root, model, rng, cut, acknowledged)
+        if not cut.cut:  # the cycle needed fewer syncs than drawn: cut now
+            cut.acknowledged = max(feeder.notified, default=0)
+            crashfs.freeze()
+        crashfs.power_loss()
+        cuts += cut.cut
+        acknowledged = max(acknowledged, cut.acknowledged)
+        holder["cut"] = PowerCut(crashfs, feeder, 10**9)  # no cut while checking
+        check_survivors(spark, root, model, acknowledged)
+    assert cuts >= CYCLES // 2, "most cuts should land inside a cycle"
+
+
+# -- faults: a staged file gone, fsync failing, a full disk ----------------------------
+
+
+async def _held_then_recovered(
+    scheduler: FlushScheduler, feeder: Feeder, shape: str, words: tuple[str, ...]
+) -> None:
+    """The shape reports a failure naming one of ``words`` and nothing is
+    acknowledged meanwhile."""
+    writer = scheduler.writers[shape]
+    async with asyncio.timeout(60):
+        while writer.failure is None:
+            await asyncio.sleep(0.05)
+    assert any(w in writer.failure.error for w in words), writer.failure.error
+    before = list(feeder.notified)
+    await asyncio.sleep(1.5)  # retries come and fail
+    assert feeder.notified == before
+
+
+async def test_a_failing_fsync_holds_the_acknowledgement_until_the_disk_recovers(
+    spark: Any, crashfs: CrashFS
+) -> None:
+    root = crashfs.root / "lake"
+    model, rng, feeder = Model(), random.Random(3), make_feeder()
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=0.2))
+    for shape in SHAPES:
+        scheduler.add(open_writer(feeder, str(root), shape))
+    async with running(scheduler):
+        crashfs.fail_fsync("*/tables/a/*", errno.EIO)
+        lsn = model.transaction(feeder, rng)
+        while model.last_touching("a", lsn) != lsn:
+            lsn = model.transaction(feeder, rng)
+        await _held_then_recovered(scheduler, feeder, "a", ("Input/output error", "EIO"))
+        assert max(feeder.notified, default=0) < lsn
+        crashfs.clear_faults()
+        async with asyncio.timeout(90):
+            while max(feeder.notified, default=0) < lsn:
+                await asyncio.sleep(0.05)
+    crashfs.power_loss()
+    check_survivors(spark, root, model, lsn)
+
+
+async def test_a_full_disk_holds_the_acknowledgement_until_there_is_room(
+    spark: Any, crashfs: CrashFS
+) -> None:
+    root = crashfs.root / "lake"
+    model, rng, feeder = Model(), random.Random(4), make_feeder()
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=0.2))
+    for shape in SHAPES:
+        scheduler.add(open_writer(feeder, str(root), shape))
+    async with running(scheduler):
+        crashfs.set_capacity(0)
+        lsn = model.transaction(feeder, rng)
+        await _held_then_recovered(
+            scheduler,
+            feeder,
+            next(s for s in SHAPES if model.last_touching(s, lsn) == lsn),
+            ("is full",),
+        )
+        assert max(feeder.notified, default=0) < lsn
+        crashfs.set_capacity(None)
+        async with asyncio.timeout(90):
+            while max(feeder.notified, default=0) < lsn:
+                await asyncio.sleep(0.05)
+    crashfs.power_loss()
+    check_survivors(spark, root, model, lsn)
+
+
+async def test_a_staged_file_removed_before_its_commit_is_an_error_that_holds_the_ack(
+    spark: Any, tmp_path: Path
+) -> None:
+    """An open transaction staged to disk (memory pressure), its file removed before
+    the transaction ends: the flush fails naming the file, nothing is acknowledged,
+    and the batch is never committed without it."""
+    feeder = make_feeder()
+    scheduler = FlushScheduler(
+        spark, FlushPolicy(max_age_s=0.2, memory_budget=1 << 30, stage_bytes=1)
+    )
+    writer = open_writer(feeder, str(tmp_path), "a")
+    scheduler.add(writer)
+    async with running(scheduler):
+        writer.begin_txn(5_000, 1, 0)
+        for i in range(50):
+            writer.append(i, "insert", (str(i).encode(), b"n", b"x"), None, 32)  # type: ignore[arg-type]
+        scheduler.poke()
+        async with asyncio.timeout(60):
+            while not writer.buffer.staged_files():
+                await asyncio.sleep(0.05)
+        staged = writer.buffer.staged_files()[0]
+        (writer.table.path / staged.path).unlink()
+        from tidemark.flush.tracker import CommitFragment
+        from tidemark.lsn import LogOffset
+
+        last = LogOffset(5_000, 50)
+        feeder.tracker.handle_txn_fragment(CommitFragment(last), ["a"])
+        writer.end_txn(last)
+        await _held_then_recovered(scheduler, feeder, "a", ("missing",))
+        assert staged.path in (writer.failure.error if writer.failure else "")
+    assert writer.table.committed_lsn() is None
