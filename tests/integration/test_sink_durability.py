@@ -30,11 +30,17 @@ from deltalake import DeltaTable
 
 from tests.crashfs import CrashFS, require_crashfs
 from tidemark import durable, read
+from tidemark.api.server import shape_json
 from tidemark.sink import current
 from tidemark.sink.table import ShapeTable
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
+from .conftest import PgDatabase, one_server
+from .service_support import current_lsn, running_service, settings_for, wait_frontiers
 from .sink_support import Feeder, make_feeder, open_writer
+from .test_backfill import HIGH, HIGH_SHAPE, make_items
+from .test_continuity import assert_equal
+from .test_writer_faults import LOW, LOW_SHAPE
 
 SHAPES = ("a", "b", "c")
 CYCLES = 12
@@ -303,3 +309,44 @@ async def test_a_staged_file_removed_before_its_commit_is_an_error_that_holds_th
         await _held_then_recovered(scheduler, feeder, "a", ("missing",))
         assert staged.path in (writer.failure.error if writer.failure else "")
     assert writer.table.committed_lsn() is None
+
+
+# -- a table damaged beyond repair at start --------------------------------------------
+
+
+@one_server()
+async def test_a_damaged_table_fails_its_shape_alone_and_resync_rebuilds_it(
+    pg_db: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """Given a shape whose table lost a data file its log names (damage no power loss
+    under tidemark's syncing leaves), a start reports that shape in error with what to
+    do while the other shape streams on; with ``on_stream_gap = "resync"`` the table
+    is set aside under ``<root>/damaged/`` and rebuilt from a snapshot."""
+    make_items(pg_db, 300)
+    shapes = [HIGH_SHAPE, LOW_SHAPE]
+    settings = settings_for(pg_db.dsn, str(tmp_path), shapes)
+    async with running_service(settings, spark) as service:
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    table = ShapeTable(tmp_path, "high")
+    victim = table.active_files()[0]
+    (table.path / victim).unlink()
+    pg_db.execute("update items set score = 95 where id <= 20")
+    async with running_service(settings, spark) as service:
+        high = shape_json(service, "high")
+        assert high["state"] == "error"
+        assert "damaged" in high["error"] and "on_stream_gap" in high["error"]
+        assert victim in high["error"]
+        async with asyncio.timeout(60):
+            while shape_json(service, "low")["state"] != "active":
+                await asyncio.sleep(0.05)
+        lsn = current_lsn(pg_db.dsn)
+        async with asyncio.timeout(60):
+            while service.progress().frontiers.get("low", -1) < lsn:
+                await asyncio.sleep(0.05)
+    assert_equal(spark, tmp_path, "low", LOW, pg_db.dsn)
+    resync = settings_for(pg_db.dsn, str(tmp_path), shapes, source={"on_stream_gap": "resync"})
+    async with running_service(resync, spark) as service:
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    assert [p.name.split("-")[0] for p in (tmp_path / "damaged").iterdir()] == ["high"]
+    assert_equal(spark, tmp_path, "high", HIGH, pg_db.dsn)
+    assert_equal(spark, tmp_path, "low", LOW, pg_db.dsn)
