@@ -49,6 +49,21 @@ checkpoint, as its post-commit hook does. A library commit costs 4-7 ms (commit
 plus the re-read after it); this one 0.3 ms, most of it creating the file, which
 is what a flush round of 1000 shapes pays 1000 times.
 
+Durability (``tidemark.durable``): a commit's files are synced (``fdatasync``, with
+their ``data/<uuid>/`` and ``data/`` folders) before the entry that names them is
+written; an entry written directly is synced before it gets its name, and its
+``_delta_log/`` folder after (by the caller: a flush round syncs the folders of all
+its tables in one step, ``log_sync``); a commit through the library syncs its entries
+(and a checkpoint) before it returns, the library itself syncing nothing. Crash
+argument: after those syncs, a power loss leaves the commit whole; before them it
+leaves no entry (its name was not durable) or, for the library's commits, an empty or
+torn entry at the end of the log, which ``recover`` removes at the next start (it
+was never synced, so nothing was acknowledged or deleted because of it); the next
+commit of a table is made only after the previous one was synced, so a torn entry is
+never followed by a whole one. A process crash (the page cache kept) between a
+commit and its sync is covered by ``recover`` too: it syncs the newest commit
+before the restart acknowledges it.
+
 Stream epochs: the application id is ``tidemark:<shape>`` on the first stream
 tidemark follows and ``tidemark:<shape>#<epoch>`` after it adopted another one
 (``tidemark.continuity``): a new stream's LSNs may be lower than the old one's,

@@ -479,7 +479,12 @@ class FlushScheduler:
     async def _round(self, members: list[tuple[ShapeWriter, Batch]]) -> dict[str, BaseException]:
         """Write every member's rows in one Spark job per layout, then commit each
         member's files in its table, the commits in parallel. Returns the members
-        that failed, with their errors."""
+        that failed, with their errors.
+
+        Group commit: every member's files are synced in one step before the commits,
+        and every committed member's log folder in one step after them; a member is
+        reported committed (and so acknowledged) only after both. A power loss before
+        the second step leaves a member's commit absent or whole, never acknowledged."""
         specs = [
             RoundMember(
                 writer.table,
