@@ -722,11 +722,19 @@ class Service:
             shapes[name] = ShapeFrontier(
                 frontier or 0, committed, frontier is not None, status.snapshot_lsn
             )
-        store_frontiers(
-            self.settings.sink.root,
-            Frontiers(progress.flushed_lsn, shapes),
-            self.settings.instance.name,
-        )
+        try:
+            store_frontiers(
+                self.settings.sink.root,
+                Frontiers(progress.flushed_lsn, shapes),
+                self.settings.instance.name,
+            )
+        except OSError as exc:  # (a full disk): readers see older frontiers meanwhile
+            log.warning(
+                "frontiers.write_failed",
+                error=str(exc),
+                disk=durable.full_disk(Path(self.settings.sink.root)),
+            )
+            return
         self._frontiers_dirty = False
 
     async def _housekeeping(self) -> None:

@@ -235,6 +235,17 @@ class CrashFS:
         """Writes may add ``nbytes`` more bytes, then fail with ENOSPC (None: no limit)."""
         self._request({"cmd": "set_capacity", "bytes": nbytes})
 
+    def freeze_on(self, pattern: str, contains: str | None = None) -> None:
+        """Arm a power cut: the file system freezes right after a link or rename gives a
+        file a name matching ``pattern`` (from the mount's root) whose content holds
+        ``contains`` (any content when None): the instant after a commit's log entry
+        appears, before anything syncs it. One cut; ``frozen`` tells when it happened."""
+        self._request({"cmd": "freeze_on", "pattern": pattern, "contains": contains})
+
+    def frozen(self) -> bool:
+        """Whether the power is cut (by ``freeze`` or an armed ``freeze_on``)."""
+        return bool(self._request({"cmd": "stats"})["stats"].get("frozen"))
+
     def writeback(self) -> None:
         """Make everything written so far durable, as the kernel's periodic writeback
         would: a power loss after this loses only what is written later."""

@@ -23,6 +23,10 @@ What it promises:
     what is left writes what is left (a short write, as on a full disk); once
     nothing is left, writes and the creation of any name fail with ENOSPC until the
     budget is raised or removed. ``statfs`` reports the budget as the free space.
+  - ``freeze_on(pattern, contains)``: a power cut armed to happen right after a link
+    or rename gives a file a name matching ``pattern`` (as for ``fail_fsync``) whose
+    content holds ``contains``: the instant after a commit's log entry appears,
+    before anything could sync it.
   - ``freeze``: the power cut. From then on every operation fails with EIO
     (``close`` too: its flush), the model takes no change, and the durable image is
     written to ``<state>/durable.json``.
@@ -125,6 +129,9 @@ def _fuse_error(code: int) -> mfusepy.FuseOSError:
 class _Faults:
     fsync: list[tuple[str, int]] = field(default_factory=list)  # (pattern, errno)
     budget: int | None = None  # bytes writes may still add; None: no quota
+    # freeze right after a name matching the pattern is made by a link or rename of a
+    # file whose content holds the bytes (None: any): (pattern, bytes or None)
+    freeze_on: list[tuple[str, bytes | None]] = field(default_factory=list)
 
 
 _COUNTERS = (
@@ -137,6 +144,7 @@ _COUNTERS = (
     "model_errors",  # the model out of step with the backing: a crashfs bug
     "rename_noreplace",  # renames that arrived with RENAME_NOREPLACE
     "rename_exchange",
+    "frozen_on",  # power cuts a freeze_on rule made
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -167,6 +175,7 @@ class CrashOps(mfusepy.Operations):
         self.model = model
         self.state = state
         self.frozen = False
+        self.frozen_at: str | None = None  # the name whose appearance cut the power
         self._ns = threading.Lock()  # a backing namespace change and its model mirror
         self._stats_lock = threading.Lock()
         self._counters: Counter[str] = Counter()
@@ -195,6 +204,13 @@ class CrashOps(mfusepy.Operations):
             with self._stats_lock:
                 self._faults.budget = None if budget is None else int(budget)
             return {"ok": True}
+        if cmd == "freeze_on":
+            needle = request.get("contains")
+            with self._stats_lock:
+                self._faults.freeze_on.append(
+                    (str(request["pattern"]), None if needle is None else str(needle).encode())
+                )
+            return {"ok": True}
         if cmd == "writeback":
             with self._ns:  # no namespace change half mirrored meanwhile
                 files = self.model.writeback(Path(self.backing))
@@ -222,6 +238,7 @@ class CrashOps(mfusepy.Operations):
             out["ops"] = dict(self._ops)
             out["budget"] = self._faults.budget
             out["frozen"] = self.frozen
+            out["frozen_at"] = self.frozen_at
             return out
 
     def _bump(self, key: str, n: int = 1) -> None:
@@ -467,6 +484,7 @@ class CrashOps(mfusepy.Operations):
         with self._ns:
             os.link(self._b(existing), self._b(path), follow_symlinks=False)
             self._mirror(f"link {existing} {path}", lambda: self.model.link(existing, path))
+        self._maybe_freeze(path)
         return 0
 
     @_op
@@ -497,7 +515,33 @@ class CrashOps(mfusepy.Operations):
             else:
                 os.rename(self._b(old), self._b(new))
             self._mirror(f"rename {old} {new}", lambda: self.model.rename(old, new, flags))
+        self._maybe_freeze(new)
         return 0
+
+    def _maybe_freeze(self, path: str) -> None:
+        """The power cut armed by ``freeze_on``: right after ``path`` got its name, if
+        it matches a rule (the name made, its content not synced by this op)."""
+        with self._stats_lock:
+            rules = list(self._faults.freeze_on)
+        if not rules:
+            return
+        rel = path.lstrip("/")
+        for pattern, needle in rules:
+            if not fnmatch.fnmatchcase(rel, pattern):
+                continue
+            if needle is not None:
+                try:
+                    with open(self._b(path), "rb") as fh:
+                        if needle not in fh.read():
+                            continue
+                except OSError:
+                    continue
+            with self._stats_lock:
+                self._faults.freeze_on = []
+                self._counters["frozen_on"] += 1
+            self.frozen_at = rel
+            self.freeze()
+            return
 
     # -- files ---------------------------------------------------------------------------------
 

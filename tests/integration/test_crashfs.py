@@ -531,3 +531,26 @@ def test_the_passthrough_creates_and_fsyncs_500_small_files_in_seconds(
     )
     assert syncs(crashfs)[0] - before == 500
     assert mounted < 30
+
+
+def test_an_armed_cut_freezes_right_after_the_matching_name_appears(crashfs: CrashFS) -> None:
+    """Given a cut armed on names under log/ holding "backfill", a rename of another
+    content changes nothing; the matching rename is applied, then every operation
+    fails, and the power loss keeps neither (nothing was synced)."""
+    log_dir = crashfs.root / "log"
+    log_dir.mkdir()
+    fd = os.open(crashfs.root, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    crashfs.freeze_on("log/*.json", contains="backfill")
+    (crashfs.root / "a.tmp").write_text('{"op":"stream"}')
+    os.rename(crashfs.root / "a.tmp", log_dir / "1.json")
+    assert not crashfs.frozen()
+    (crashfs.root / "b.tmp").write_text('{"op":"backfill"}')
+    os.rename(crashfs.root / "b.tmp", log_dir / "2.json")
+    assert crashfs.frozen() and crashfs.stats()["frozen_at"] == "log/2.json"
+    with pytest.raises(OSError) as e:
+        (crashfs.root / "c").write_text("after the cut")
+    assert e.value.errno == errno.EIO
+    crashfs.power_loss()
+    assert read_tree(crashfs.root) == {"log": {}}

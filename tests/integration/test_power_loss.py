@@ -12,7 +12,11 @@ vacuum) every few seconds; during the crashes a shape is added (a backfill commi
 and a column's type changes (a resync replacing the schema). Before each power loss
 everything written so far is made durable (``CrashFS.writeback``: the kernel's own
 flush every few seconds), so the cut takes the last seconds' unsynced writes, as in
-the field; then a *marker* transaction (rows no one changes again) is committed and the test waits
+the field. The cuts (``CUTS``) land at a random moment, or, armed with
+``CrashFS.freeze_on``, the instant the log entry of a backfill commit, a streamed
+(protocol v2) transaction's commit, a resync's schema-replacing commit, a current-table
+refresh, a retention commit or a compaction appears, before anything syncs it. Before
+each cut a *marker* transaction (rows no one changes again) is committed and the test waits
 until ``confirmed_flush_lsn`` passed it: Postgres will never send it again, so a lost
 marker is a lost acknowledged transaction. At the end every shape's folded table
 equals Postgres, every marker is in it, no ``(_lsn, _op)`` is there twice, and every
@@ -32,6 +36,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -60,7 +65,27 @@ TRUTH = {
     "late": "select id, qty, note from orders where qty > 5",
 }
 MARKER_BASE = 10_000_000
-CRASHES = int(os.environ.get("TIDEMARK_TEST_POWER_LOSSES", "8"))
+# the cuts, in order: None lands at a random moment; the others the instant a log
+# entry of that kind of commit appears (CrashFS.freeze_on), before it is synced
+CUTS: list[str | None] = [
+    "backfill",
+    None,
+    "streamed",
+    "resync",
+    "refresh",
+    "retention",
+    None,
+    "compaction",
+]
+CUT_ON = {
+    "backfill": ("*/tables/late/_delta_log/*.json", "backfill"),
+    "resync": ("*/tables/*/_delta_log/*.json", "schemaReplaced"),
+    "streamed": ("*/tables/*/_delta_log/*.json", "tidemark.streamedRows"),
+    "refresh": ("*/current/*/_delta_log/*.json", "tidemark.bucketsWritten"),
+    "retention": ("*/tables/*/_delta_log/*.json", "tidemark.retainedLsn"),
+    "compaction": ("*/tables/*/_delta_log/*.json", "compaction"),
+}
+CRASHES = int(os.environ.get("TIDEMARK_TEST_POWER_LOSSES", str(len(CUTS))))
 
 
 class Workload(threading.Thread):
@@ -117,6 +142,29 @@ class Workload(threading.Thread):
                 self.failures += 1
                 self.last_error = str(exc)
                 time.sleep(0.1)
+
+
+def add_shape(port: int, definition: dict[str, str]) -> None:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/shapes",
+        data=json.dumps(definition).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    try:
+        urllib.request.urlopen(request, timeout=30).close()
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"adding a shape: {exc.code} {exc.read()!r}") from exc
+
+
+def wait_frozen(crashfs: CrashFS, cut: str, proc: Any, log: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not crashfs.frozen():
+        assert proc.poll() is None, f"the service exited before the {cut} cut"
+        assert time.monotonic() < deadline, (
+            f"no {cut} commit within {timeout:.0f} s:\n{log.read_text()[-2000:]}"
+        )
+        time.sleep(0.05)
 
 
 def confirmed_flush(dsn: str, slot: str) -> int:
@@ -213,25 +261,14 @@ def test_power_loss_loses_no_acknowledged_transaction(
     rng = random.Random(17)
     markers: list[int] = []
     checked = 0
+    landed: list[str] = []
     timings: Counter[str] = Counter()
     proc = start_service(env, log)
     try:
         wait_streaming(port, proc)
         workload.start()
         for crash in range(CRASHES):
-            if crash == CRASHES // 5:  # a backfill commit
-                request = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/v1/shapes",
-                    data=json.dumps(ADDED).encode(),
-                    headers={"content-type": "application/json"},
-                    method="POST",
-                )
-                try:
-                    urllib.request.urlopen(request, timeout=30).close()
-                except urllib.error.HTTPError as exc:
-                    raise AssertionError(f"adding a shape: {exc.code} {exc.read()!r}") from exc
-            if crash == CRASHES // 2:  # a resync whose commit replaces the schema
-                pg_db.execute("alter table orders alter column qty type bigint")
+            cut = CUTS[crash % len(CUTS)]
             # what was written until now reaches the disk on its own (the kernel's
             # writeback); the cut below takes what is written from here on, unsynced
             phase = time.monotonic()
@@ -242,7 +279,19 @@ def test_power_loss_loses_no_acknowledged_transaction(
             phase = time.monotonic()
             wait_acknowledged(pg_db.dsn, slot, marker)
             timings["acknowledged"] += time.monotonic() - phase
-            time.sleep(rng.uniform(0.0, 2.0))
+            phase = time.monotonic()
+            if cut is None:
+                time.sleep(rng.uniform(0.0, 2.0))
+            else:  # the instant a commit of that kind appears, before its sync
+                pattern, contains = CUT_ON[cut]
+                crashfs.freeze_on(pattern, contains)
+                if cut == "backfill":
+                    add_shape(port, ADDED)
+                elif cut == "resync":
+                    pg_db.execute("alter table orders alter column qty type bigint")
+                wait_frozen(crashfs, cut, proc, log)
+                landed.append(cut)
+            timings["to the cut"] += time.monotonic() - phase
             phase = time.monotonic()
             crashfs.power_loss(kill=[proc.pid])
             proc.wait(timeout=30)
@@ -270,6 +319,7 @@ def test_power_loss_loses_no_acknowledged_transaction(
         if proc.poll() is None:
             proc.kill()
     print("power-loss phases (s):", {k: round(v, 1) for k, v in timings.items()})
+    assert sorted(landed) == sorted(c for c in CUTS[:CRASHES] if c is not None)
     assert workload.transactions > 15 * CRASHES, (workload.failures, workload.last_error)
     assert checked >= 2 * CRASHES, "too few claimed shapes were checked after the crashes"
     stats = crashfs.stats()

@@ -31,6 +31,7 @@ from deltalake import DeltaTable
 from tests.crashfs import CrashFS, require_crashfs
 from tidemark import durable, read
 from tidemark.api.server import shape_json
+from tidemark.shapes.model import ShapeDefinition
 from tidemark.sink import current
 from tidemark.sink.table import ShapeTable
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
@@ -183,6 +184,9 @@ def check_survivors(spark: Any, root: Path, model: Model, acknowledged: int) -> 
             path = root / kind / shape
             if path.exists():
                 DeltaTable(str(path)).version()
+        stream = DeltaTable(table.uri).to_pyarrow_table(columns=["_lsn", "_op"])
+        pairs = list(zip(*(stream.column(c).to_pylist() for c in ("_lsn", "_op")), strict=True))
+        assert len(pairs) == len(set(pairs)), f"{shape}: a (_lsn, _op) twice"
 
 
 async def test_a_power_cut_at_any_sync_step_loses_nothing_acknowledged(
@@ -350,3 +354,77 @@ async def test_a_damaged_table_fails_its_shape_alone_and_resync_rebuilds_it(
     assert [p.name.split("-")[0] for p in (tmp_path / "damaged").iterdir()] == ["high"]
     assert_equal(spark, tmp_path, "high", HIGH, pg_db.dsn)
     assert_equal(spark, tmp_path, "low", LOW, pg_db.dsn)
+
+
+@one_server()
+async def test_a_full_disk_fails_a_backfill_and_a_refresh_until_there_is_room(
+    pg_db: PgDatabase, spark: Any, crashfs: CrashFS
+) -> None:
+    """A shape added while the sink's disk is full: its backfill fails saying the disk
+    is full, nothing of it is claimed, and it completes by itself once there is room;
+    a current-table refresh on the full disk fails and succeeds later, the changelog
+    untouched meanwhile."""
+    make_items(pg_db, 20_000)
+    root = crashfs.root / "lake"
+    settings = settings_for(pg_db.dsn, str(root), [LOW_SHAPE])
+    async with running_service(settings, spark) as service:
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        # room for the registry and state files, not for the snapshot's files
+        crashfs.set_capacity(64 * 1024)
+        try:
+            await service.add_shape(ShapeDefinition(**HIGH_SHAPE))
+            async with asyncio.timeout(60):
+                while shape_json(service, "high")["state"] != "error":
+                    await asyncio.sleep(0.05)
+            assert "is full" in (shape_json(service, "high")["error"] or "")
+            assert "high" not in service.store.claimed()
+            refreshed = await asyncio.to_thread(current.refresh_many, spark, root, ["low"])
+            assert isinstance(refreshed["low"], Exception)
+        finally:
+            crashfs.set_capacity(None)
+        async with asyncio.timeout(90):  # the backfill's next retry succeeds
+            while shape_json(service, "high")["state"] != "active":
+                await asyncio.sleep(0.1)
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        refreshed = await asyncio.to_thread(current.refresh_many, spark, root, ["low"])
+        assert not isinstance(refreshed["low"], Exception), refreshed["low"]
+    assert_equal(spark, root, "high", HIGH, pg_db.dsn)
+    assert_equal(spark, root, "low", LOW, pg_db.dsn)
+
+
+async def test_a_commit_durable_but_not_yet_acknowledged_is_acknowledged_once_after_restart(
+    spark: Any, crashfs: CrashFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The power is cut between a round's commits (synced) and the acknowledgement:
+    after the restart Postgres sends those transactions again, the tables hold them
+    already, so they are acknowledged without a second copy."""
+    root = crashfs.root / "lake"
+    model, rng, feeder = Model(), random.Random(6), make_feeder()
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    for shape in SHAPES:
+        scheduler.add(open_writer(feeder, str(root), shape))
+
+    def cut_before_acknowledging(*args: Any) -> None:
+        crashfs.freeze()
+        raise OSError("the power is off")
+
+    monkeypatch.setattr(FlushScheduler, "_committed", cut_before_acknowledging)
+    async with running(scheduler):
+        for _ in range(4):
+            last = model.transaction(feeder, rng)
+        with contextlib.suppress(Exception):
+            await scheduler.flush_all()
+    assert feeder.notified == []  # nothing acknowledged
+    crashfs.power_loss()
+    monkeypatch.undo()
+    for shape in SHAPES:  # yet every commit was durable
+        assert (ShapeTable(root, shape).committed_lsn() or 0) == model.last_touching(shape, last)
+    feeder = make_feeder()
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    for shape in SHAPES:
+        scheduler.add(open_writer(feeder, str(root), shape))
+    async with running(scheduler):
+        model.resend(feeder, 0)
+        await scheduler.flush_all()
+    assert max(feeder.notified) >= last
+    check_survivors(spark, root, model, last)

@@ -40,6 +40,7 @@ import hmac
 import json
 import math
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -50,6 +51,7 @@ from pydantic import ValidationError
 
 from tidemark.api.shape_view import lsn_json, shape_json
 from tidemark.conninfo import redact_text
+from tidemark.durable import full_disk
 from tidemark.errors import ReplicationError, ShapeConflict, ShapeError, TidemarkError
 from tidemark.lsn import Lsn
 from tidemark.shapes.model import ShapeDefinition
@@ -178,6 +180,9 @@ async def add_shape(request: web.Request) -> web.Response:
             await service.add_shape(definition, origin="api")
         except ReplicationError as exc:  # e.g. a table outside a publication we may not alter
             return error(422, str(exc))
+        except OSError as exc:  # the registry could not be written (a full disk): not added
+            full = full_disk(Path(service.settings.sink.root))
+            return error(507, f"shape {definition.name!r} was not added: {exc}. {full or ''}")
         if definition.name not in service.shapes:
             return error(409, f"shape {definition.name!r} was removed while it was being added")
         return web.json_response(shape_json(service, definition.name), status=201)

@@ -302,6 +302,8 @@ def recover_log(shape: str, path: Path, root: Path) -> int | None:
     log_dir = path / "_delta_log"
     if not log_dir.is_dir():
         return None
+    for stale in log_dir.glob("_commit_*.json.tmp"):  # entries written, never named
+        stale.unlink(missing_ok=True)
     versions = _torn_tail_removed(shape, log_dir)
     _torn_checkpoints_removed(shape, log_dir)
     if not versions:
@@ -329,6 +331,13 @@ def set_aside(table: ShapeTable) -> Path:
     synced.sync()
     table.refresh_handle()
     return aside
+
+
+def _custom(
+    files: Sequence[DataFile], end_lsn: int, metadata: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What a stream commit records in its commit info."""
+    return {"tidemark.endLsn": end_lsn, "tidemark.files": len(files), **(metadata or {})}
 
 
 def _has_size(path: Path, size: int) -> bool:
@@ -582,39 +591,70 @@ class ShapeTable:
         metadata: Mapping[str, Any] | None = None,
         *,
         first_lsn: int | None = None,
+        prepared: Path | None = None,
     ) -> int | None:
         """Add ``files`` in one commit tagged ``(app_id, end_lsn)``; ``first_lsn`` is the
-        commit LSN of the batch's first transaction (default: ``end_lsn``).
+        commit LSN of the batch's first transaction (default: ``end_lsn``);
+        ``prepared``: its log entry, written and synced already (``prepare``).
 
         Returns the new table version, or None when ``end_lsn`` was committed already.
         Raises ``WriterFenced`` when another writer committed part of the batch.
         """
         first = end_lsn if first_lsn is None else first_lsn
-        custom = {"tidemark.endLsn": end_lsn, "tidemark.files": len(files), **(metadata or {})}
+        custom = _custom(files, end_lsn, metadata)
         with self._lock:
-            head = self._head
-            if head is not None:
-                if self._holds(head.app_version, first, end_lsn):
-                    return None
-                version = self._append(head, files, custom, end_lsn)
-                if version is not None:
-                    return version
-            for attempt in range(1, COMMIT_ATTEMPTS + 1):
-                dt = self.table()
-                dt.update_incremental()
-                if self._holds(dt.transaction_version(self.app_id), first, end_lsn):
-                    return None
-                try:
-                    return self._write(dt, [], files, custom, end_lsn)
-                except CommitFailedError as exc:
-                    # a commit with our app id landed since the check: check again
-                    log.warning(
-                        "commit.conflict", shape=self.shape, attempt=attempt, error=str(exc)
-                    )
-            raise SinkError(
-                f"shape '{self.shape}': {COMMIT_ATTEMPTS} commits in a row lost a race with "
-                "another writer of this table"
-            )
+            try:
+                return self._commit(files, custom, first, end_lsn, prepared)
+            finally:
+                if prepared is not None:  # (not published: the library's way, a replay)
+                    with contextlib.suppress(FileNotFoundError):
+                        prepared.unlink()
+
+    def prepare(
+        self, files: Sequence[DataFile], end_lsn: int, metadata: Mapping[str, Any] | None = None
+    ) -> Path | None:
+        """The log entry a direct append of ``files`` would publish, written now as a
+        temp file in ``_delta_log/`` and not synced: a flush round syncs the entries of
+        all its tables with their files in one step, then ``commit(prepared=...)``
+        names each (an entry is synced before it gets its name either way). None when
+        the next commit cannot be a direct append (see the module docstring)."""
+        with self._lock:
+            if self._head is None:
+                return None
+        temp = self.log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
+        with open(temp, "xb") as fh:
+            fh.write(self._entry(files, _custom(files, end_lsn, metadata), end_lsn))
+        return temp
+
+    def _commit(
+        self,
+        files: Sequence[DataFile],
+        custom: Mapping[str, Any],
+        first: int,
+        end_lsn: int,
+        prepared: Path | None,
+    ) -> int | None:
+        head = self._head
+        if head is not None:
+            if self._holds(head.app_version, first, end_lsn):
+                return None
+            version = self._append(head, files, custom, end_lsn, prepared)
+            if version is not None:
+                return version
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            dt = self.table()
+            dt.update_incremental()
+            if self._holds(dt.transaction_version(self.app_id), first, end_lsn):
+                return None
+            try:
+                return self._write(dt, [], files, custom, end_lsn)
+            except CommitFailedError as exc:
+                # a commit with our app id landed since the check: check again
+                log.warning("commit.conflict", shape=self.shape, attempt=attempt, error=str(exc))
+        raise SinkError(
+            f"shape '{self.shape}': {COMMIT_ATTEMPTS} commits in a row lost a race with "
+            "another writer of this table"
+        )
 
     def _holds(self, done: int | None, first: int, end_lsn: int) -> bool:
         """Whether the table, at app version ``done``, holds the batch ``first..end_lsn``
@@ -630,13 +670,8 @@ class ShapeTable:
             )
         return False
 
-    def _append(
-        self, head: _Head, files: Sequence[DataFile], custom: Mapping[str, Any], end_lsn: int
-    ) -> int | None:
-        """Write log version ``head.version + 1``, adding ``files`` tagged ``(app_id,
-        end_lsn)``; None when that version exists (someone committed since ``head``:
-        the caller takes the library's way, which re-reads the log)."""
-        version = head.version + 1
+    def _entry(self, files: Sequence[DataFile], custom: Mapping[str, Any], end_lsn: int) -> bytes:
+        """The log entry of a direct append: commit info, the adds, our transaction."""
         now = int(time.time() * 1000)
         info: dict[str, Any] = {
             "timestamp": now,
@@ -650,11 +685,29 @@ class ShapeTable:
         lines += [json.dumps({"add": f.add_entry()}, separators=(",", ":")) for f in files]
         txn = {"appId": self.app_id, "version": end_lsn, "lastUpdated": now}
         lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
-        log_dir = self.path / "_delta_log"
-        temp = log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
-        # synced before it gets its name: a log entry on disk is always whole (its
-        # folder is synced by the caller, with the other tables' of the round)
-        write_synced(temp, ("\n".join(lines) + "\n").encode())
+        return ("\n".join(lines) + "\n").encode()
+
+    def _append(
+        self,
+        head: _Head,
+        files: Sequence[DataFile],
+        custom: Mapping[str, Any],
+        end_lsn: int,
+        prepared: Path | None,
+    ) -> int | None:
+        """Write log version ``head.version + 1``, adding ``files`` tagged ``(app_id,
+        end_lsn)`` (``prepared``: that entry, written and synced already); None when
+        that version exists (someone committed since ``head``: the caller takes the
+        library's way, which re-reads the log)."""
+        version = head.version + 1
+        log_dir = self.log_dir
+        if prepared is not None:
+            temp = prepared
+        else:
+            temp = log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
+            # synced before it gets its name: a log entry on disk is always whole (its
+            # folder is synced by the caller, with the other tables' of the round)
+            write_synced(temp, self._entry(files, custom, end_lsn))
         try:
             published = publish_new(temp, log_dir / f"{version:020d}.json")
         except OSError as exc:  # e.g. a filesystem without hard links: the library's way

@@ -271,6 +271,35 @@ def sync_group(parts: Sequence[tuple[ShapeTable, Batch, SyncSet]]) -> dict[int, 
     return failed
 
 
+def batch_metadata(batch: Batch) -> dict[str, Any]:
+    """What a batch's commit records beside its files (``ShapeTable.commit``)."""
+    metadata: dict[str, Any] = {
+        "tidemark.transactions": batch.transactions,
+        "tidemark.lastOp": batch.last_offset.op_offset,
+    }
+    streamed = sum(t.rows for t in batch.spooled if t.lsn is not None)
+    if streamed:  # rows of transactions Postgres streamed while they ran (protocol v2)
+        metadata["tidemark.streamedRows"] = streamed
+    return metadata
+
+
+def prepared_sync(
+    table: ShapeTable, batch: Batch, files: Sequence[DataFile]
+) -> tuple[SyncSet, Path | None]:
+    """What a flush round syncs for one member before its commit: its files, and the
+    log entry its commit will name, written now (``ShapeTable.prepare``)."""
+    synced = table.files_sync(files)
+    prepared = None
+    if batch.lost is None:
+        try:
+            prepared = table.prepare(files, batch.end_lsn, batch_metadata(batch))
+        except OSError:  # (a full disk): the commit writes its entry and fails there
+            prepared = None
+        if prepared is not None:
+            synced.file(prepared)
+    return synced, prepared
+
+
 def commit_files(
     table: ShapeTable,
     batch: Batch,
@@ -278,26 +307,27 @@ def commit_files(
     write_seconds: float,
     *,
     grouped: bool = False,
+    prepared: Path | None = None,
 ) -> CommitResult:
     """The Delta commit of ``batch`` once its files are written (``files`` includes the
     staged ones); then its spool files, now in the table, are deleted.
 
     Durability: the files are synced before the commit names them, the log entry
     before it is named, and the log folder before this returns, so the batch may be
-    acknowledged once it has. ``grouped``: a flush round synced the files already,
-    and syncs the log folders of all its tables at once after their commits
-    (``ShapeTable.log_sync``): the batch may be acknowledged only after that."""
+    acknowledged once it has. ``grouped``: a flush round synced the files already
+    (and ``prepared``, the commit's log entry, ``ShapeTable.prepare``), and syncs the
+    log folders of all its tables at once after their commits (``ShapeTable.log_sync``):
+    the batch may be acknowledged only after that."""
     if batch.kinds is None:
         batch.kinds = dict(Counter(batch.rows.kinds))
     kinds = dict(batch.kinds)
     started = time.perf_counter()
     if not grouped:
         sync_batch_files(table, batch, table.files_sync(files))
-    metadata = {
-        "tidemark.transactions": batch.transactions,
-        "tidemark.lastOp": batch.last_offset.op_offset,
-    }
-    version = table.commit(files, batch.end_lsn, metadata, first_lsn=batch.first_lsn)
+    metadata = batch_metadata(batch)
+    version = table.commit(
+        files, batch.end_lsn, metadata, first_lsn=batch.first_lsn, prepared=prepared
+    )
     if not grouped:
         # (also after a replay: the entry found may be one a failed sync left behind)
         table.log_sync().sync()

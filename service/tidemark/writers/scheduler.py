@@ -46,8 +46,8 @@ from typing import Any
 import structlog
 
 from tidemark.aio import wait_event
-from tidemark.durable import full_disk
-from tidemark.errors import WriterFenced
+from tidemark.durable import SyncSet, full_disk
+from tidemark.errors import SinkError, WriterFenced
 from tidemark.sink.table import DataFile
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
 from tidemark.writers.cadence import Cadence, round_share
@@ -58,6 +58,7 @@ from tidemark.writers.job import (
     commit_batch,
     commit_files,
     joins_round,
+    prepared_sync,
     sync_group,
     write_parquet,
     write_round,
@@ -102,6 +103,16 @@ class SchedulerStats:
     backpressure_waits: int = 0
     blocked_seconds: float = 0.0  # time the stream spent waiting for memory
     last_results: list[CommitResult] = field(default_factory=list)
+
+
+def _prepare_round(
+    ready: list[tuple[ShapeWriter, Batch, list[DataFile]]],
+) -> tuple[list[tuple[SyncSet, Path | None]], dict[int, SinkError]]:
+    """A round's first sync step: each member's log entry written (``prepared_sync``),
+    then its files and entry synced with every other member's in one group."""
+    prepared = [prepared_sync(w.table, b, files) for w, b, files in ready]
+    parts = [(w.table, b, p[0]) for (w, b, _), p in zip(ready, prepared, strict=True)]
+    return prepared, sync_group(parts)
 
 
 class FlushScheduler:
@@ -516,20 +527,24 @@ class FlushScheduler:
                 ready.append((writer, batch, files))
         # group commit: every member's files synced in one step, then the commits, then
         # every committed member's log folder in one step; only then acknowledged
-        files_synced = [(w.table, b, w.table.files_sync(files)) for w, b, files in ready]
-        failed = await asyncio.to_thread(sync_group, files_synced)
+        # (each member's log entry is written now and synced with its files)
+        prepared, failed = await asyncio.to_thread(_prepare_round, ready)
         for i, error in failed.items():
             errors[ready[i][0].shape] = error
         loop = asyncio.get_running_loop()
         commits: dict[str, asyncio.Future[CommitResult]] = {}
         for i, (writer, batch, files) in enumerate(ready):
-            if i not in failed:
-                commits[writer.shape] = loop.run_in_executor(
-                    self._commits,
-                    functools.partial(
-                        commit_files, writer.table, batch, files, write_s, grouped=True
-                    ),
-                )
+            entry = prepared[i][1]
+            if i in failed:
+                if entry is not None:
+                    entry.unlink(missing_ok=True)
+                continue
+            commits[writer.shape] = loop.run_in_executor(
+                self._commits,
+                functools.partial(
+                    commit_files, writer.table, batch, files, write_s, grouped=True, prepared=entry
+                ),
+            )
         outcomes = await asyncio.gather(*commits.values(), return_exceptions=True)
         committed: list[tuple[ShapeWriter, Batch, CommitResult]] = []
         results = dict(zip(commits, outcomes, strict=True))
