@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from bench import sink_sync
+from bench import sink_sync, sink_sync_method
 from tidemark.embedded import EmbeddedPostgres
 from tidemark.lsn import Lsn, format_lsn
 
@@ -100,7 +100,7 @@ def _settings(pg: EmbeddedPostgres, root: Path) -> Any:
     return Settings.model_validate(
         {
             "source": {"dsn": pg.dsn(), "slot": "tidemark_bench", "publication": "bench_pub"},
-            "sink": {"root": str(root), "sync": sink_sync()},
+            "sink": {"root": str(root), "sync": sink_sync(), "sync_method": sink_sync_method()},
             "http": {"port": 0},
             "flush": {"max_age_s": 1.0, "max_rows": 250_000},
             "monitor": {"period_s": 0.2},

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from bench import sink_sync
+from bench import sink_sync, sink_sync_method
 from tidemark.embedded import EmbeddedPostgres
 from tidemark.lsn import Lsn
 
@@ -45,7 +45,7 @@ def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
     return Settings.model_validate(
         {
             "source": {"dsn": pg.dsn(db), "slot": f"bench_{shapes}", "publication": "grp_pub"},
-            "sink": {"root": str(root), "sync": sink_sync()},
+            "sink": {"root": str(root), "sync": sink_sync(), "sync_method": sink_sync_method()},
             "http": {"port": 0},
             "monitor": {"period_s": 0.5},
             "current": {"enabled": CURRENT},

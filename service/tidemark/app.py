@@ -106,7 +106,7 @@ class Service:
         config_path: str | None = None,
     ):
         self.settings = settings
-        durable.configure(enabled=settings.sink.sync)
+        durable.configure(enabled=settings.sink.sync, method=settings.sink.sync_method)
         if not settings.sink.sync:
             log.warning(
                 "sink.sync_off",

@@ -60,13 +60,35 @@ class SyncFailed(SinkError):
         self.paths = frozenset(paths)
 
 
+# filesystems whose syncfs(2) writes every dirty inode and commits the journal (and
+# reports writeback errors, Linux 5.8+); FUSE and network filesystems are not told of
+# it, overlay forwards it only partly: there each file and folder is synced instead
+SYNCFS_TYPES: Final = frozenset({"ext4", "xfs", "btrfs", "ext3", "f2fs"})
+
+
 class _Syncing:
-    """Whether syncing is on (``[sink] sync``), and the threads that sync."""
+    """Whether syncing is on (``[sink] sync``), how (``[sink] sync_method``), and the
+    threads that sync file by file."""
 
     def __init__(self) -> None:
         self.enabled = True
+        self.method = "auto"
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._whole: dict[int, bool] = {}  # device -> whether syncfs makes it durable
+        self._fds: dict[int, int] = {}  # device -> a descriptor kept for syncfs
+
+    def filesystem_fd(self, path: Path) -> int:
+        """A descriptor on ``path``'s filesystem, opened once and kept: ``syncfs``
+        reports the writeback errors that happened since the descriptor was opened, so
+        one kept from the first sync on misses none (a new one per call would miss an
+        error the kernel's own writeback met, and another process already saw)."""
+        device = os.stat(path).st_dev
+        with self._lock:
+            fd = self._fds.get(device)
+            if fd is None:
+                fd = self._fds[device] = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            return fd
 
     def pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -78,9 +100,51 @@ class _Syncing:
 _SYNCING = _Syncing()
 
 
-def configure(*, enabled: bool) -> None:
-    """Turn syncing on (the default) or off for this process."""
+def configure(*, enabled: bool, method: str = "auto") -> None:
+    """Turn syncing on (the default) or off for this process, and say how a sync step
+    is made: ``files`` (each file and folder), ``filesystem`` (one ``syncfs`` per
+    filesystem) or ``auto`` (``filesystem`` where its type is in ``SYNCFS_TYPES``)."""
     _SYNCING.enabled = enabled
+    _SYNCING.method = method
+    _SYNCING._whole.clear()
+
+
+def _syncfs_covers(path: Path) -> bool:
+    """Whether one ``syncfs`` of ``path``'s filesystem makes what is written there
+    durable, as the configured method says."""
+    method = _SYNCING.method
+    if method != "auto" or _syncfs is None:
+        return method == "filesystem" and _syncfs is not None
+    device = os.stat(path).st_dev
+    known = _SYNCING._whole.get(device)
+    if known is None:
+        known = _SYNCING._whole[device] = filesystem_type(path) in SYNCFS_TYPES
+    return known
+
+
+def filesystem_type(path: Path, mountinfo: str | None = None) -> str | None:
+    """The type of the filesystem ``path`` is on (from ``mountinfo``, by default this
+    process's ``/proc/self/mountinfo``: the longest mount point that holds it)."""
+    target = os.path.realpath(path)
+    best, kind = "", None
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return None
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, right.split()[0]
+    return kind
+
+
+_syncfs = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
 
 
 def syncing() -> bool:
@@ -130,26 +194,65 @@ class SyncSet:
         self.folders |= other.folders
 
     def sync(self) -> None:
-        """Sync every file, then every folder, each group in parallel; raises
-        ``SyncFailed`` naming every path that failed (and not only the first)."""
+        """Sync every file and folder, all at once (the order among them does not
+        matter: each must be durable before what depends on them, which comes after
+        this returns); raises ``SyncFailed`` naming every path that failed (and not only
+        the first)."""
         if not _SYNCING.enabled or not self:
             return
-        pool = _SYNCING.pool()
+        anchor = next(iter(self.folders), None) or next(iter(self.files)).parent
+        if _syncfs_covers(anchor):
+            self._sync_filesystem(anchor)
+            return
+        items: list[tuple[Path, int | None, bool]] = [
+            (path, size, False) for path, size in self.files.items()
+        ]
+        items += [(path, None, True) for path in self.folders]
+        outcomes = _SYNCING.pool().map(_sync_one, items)
+        failed = {
+            path: problem
+            for (path, _, _), problem in zip(items, outcomes, strict=True)
+            if problem is not None
+        }
+        _raise_failed(failed)
+
+    def _sync_filesystem(self, anchor: Path) -> None:
+        """One ``syncfs`` for the whole set (every path on ``anchor``'s filesystem:
+        tidemark writes one sink root), after checking each file's size; a failure
+        fails every path (which were lost is not known)."""
         failed: dict[Path, str] = {}
-        for path, problem in zip(self.files, pool.map(_sync_file, self.files.items()), strict=True):
-            if problem is not None:
-                failed[path] = problem
-        for path, problem in zip(self.folders, pool.map(_sync_folder, self.folders), strict=True):
-            if problem is not None:
-                failed[path] = problem
-        if failed:
-            first = next(iter(failed))
-            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-            raise SyncFailed(f"cannot make {first} durable: {failed[first]}{more}", failed)
+        for path, size in self.files.items():
+            try:
+                have = os.stat(path).st_size
+            except FileNotFoundError:
+                failed[path] = "the file is missing (removed before its commit)"
+                continue
+            if size is not None and have != size:
+                failed[path] = f"the file has {have} bytes, {size} were written"
+        _raise_failed(failed)
+        assert _syncfs is not None
+        if _syncfs(_SYNCING.filesystem_fd(anchor)) != 0:
+            code = ctypes.get_errno()
+            raise SyncFailed(
+                f"syncfs of the filesystem of {anchor} failed: {os.strerror(code)}",
+                [*self.files, *self.folders],
+            )
 
 
-def _sync_file(item: tuple[Path, int | None]) -> str | None:
-    path, size = item
+def _raise_failed(failed: dict[Path, str]) -> None:
+    """``SyncFailed`` naming the first path that failed and how many more did."""
+    if failed:
+        first = next(iter(failed))
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise SyncFailed(f"cannot make {first} durable: {failed[first]}{more}", failed)
+
+
+def _sync_one(item: tuple[Path, int | None, bool]) -> str | None:
+    path, size, folder = item
+    return _sync_folder(path) if folder else _sync_file(path, size)
+
+
+def _sync_file(path: Path, size: int | None) -> str | None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:

@@ -108,3 +108,27 @@ def test_compaction_keeps_every_row_and_the_committed_offset(tmp_path: Path) -> 
     assert sorted(fresh.to_pyarrow_table().column("id").to_pylist()) == before
     assert fresh.transaction_version("tidemark:s") == 500
     assert ShapeTable(tmp_path, "s").recover() is True
+
+
+def test_a_prepared_entry_never_named_is_removed_and_a_replay_drops_its_own(
+    tmp_path: Path,
+) -> None:
+    """A flush round writes each commit's entry before syncing (``prepare``): one left
+    by a crash is removed at start; one prepared for a batch the table already holds
+    (a replay) is removed by the commit that skips it."""
+    table = _table_with_commits(tmp_path, 2)
+    left = table.prepare([], 900)
+    assert left is not None and left.exists()
+    assert ShapeTable(tmp_path, "s").recover() is True
+    assert not left.exists()
+    again = ShapeTable(tmp_path, "s")
+    again.recover()
+    rel, folder = again.new_batch_dir()
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"id": [3], LSN: [300], OP: [0]}, schema=SCHEMA), folder / "p.parquet")
+    again.commit([again.file_at(f"{rel}/p.parquet")], 300)  # (the handle knows its head)
+    replay = again.prepare([], 200)
+    assert replay is not None
+    assert again.commit([], 200, prepared=replay) is None
+    assert not replay.exists()
+    assert sorted(p.name for p in again.log_dir.glob("*.tmp")) == []

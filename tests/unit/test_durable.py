@@ -100,8 +100,12 @@ def test_a_failed_fdatasync_is_a_failure_never_a_success(
     synced = durable.SyncSet()
     synced.file(good)
     synced.file(bad)
-    with pytest.raises(durable.SyncFailed) as failed:
-        synced.sync()
+    durable.configure(enabled=True, method="files")
+    try:
+        with pytest.raises(durable.SyncFailed) as failed:
+            synced.sync()
+    finally:
+        durable.configure(enabled=True)
     assert failed.value.paths == {bad}
     assert "Input/output error" in str(failed.value)
 
@@ -117,3 +121,62 @@ def test_syncing_off_syncs_nothing(tmp_path: Path) -> None:
         durable.configure(enabled=True)
     with pytest.raises(durable.SyncFailed):
         synced.sync()
+
+
+MOUNTINFO = """\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+40 22 0:35 / /srv/lake rw,nosuid shared:20 - fuse.crashfs crashfs rw,user_id=0
+41 22 0:36 / /srv/lake\\040two rw shared:21 - xfs /dev/vdb rw
+"""
+
+
+def test_the_filesystem_of_a_path_is_its_longest_mount_point() -> None:
+    assert durable.filesystem_type(Path("/srv/lake/tables/x"), MOUNTINFO) == "fuse.crashfs"
+    assert durable.filesystem_type(Path("/srv/lakehouse"), MOUNTINFO) == "ext4"
+    assert durable.filesystem_type(Path("/srv/lake two/t"), MOUNTINFO) == "xfs"
+
+
+def test_a_filesystem_sync_checks_each_file_then_syncs_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sync_method = "filesystem"``: one syncfs for the whole set, after a missing or
+    short file was refused (never a sync that hides it)."""
+    calls: list[int] = []
+    monkeypatch.setattr(durable, "_syncfs", lambda fd: calls.append(fd) or 0)
+    durable.configure(enabled=True, method="filesystem")
+    try:
+        whole = tmp_path / "whole"
+        whole.write_bytes(b"x" * 4)
+        synced = durable.SyncSet()
+        synced.file(whole, 4)
+        synced.folder(tmp_path)
+        synced.sync()
+        assert len(calls) == 1
+        synced.file(tmp_path / "gone", 4)
+        with pytest.raises(durable.SyncFailed) as failed:
+            synced.sync()
+        assert failed.value.paths == {tmp_path / "gone"} and len(calls) == 1
+    finally:
+        durable.configure(enabled=True)
+
+
+def test_auto_syncs_file_by_file_where_syncfs_is_not_known_to_reach_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(durable, "_syncfs", lambda fd: calls.append(fd) or 0)
+    monkeypatch.setattr(durable, "filesystem_type", lambda path: "fuse.crashfs")
+    durable.configure(enabled=True, method="auto")
+    try:
+        f = tmp_path / "f"
+        f.write_bytes(b"1")
+        synced = durable.SyncSet()
+        synced.file(f, 1)
+        synced.sync()
+        assert calls == []
+        monkeypatch.setattr(durable, "filesystem_type", lambda path: "ext4")
+        durable.configure(enabled=True, method="auto")  # (forgets what it learnt)
+        synced.sync()
+        assert len(calls) == 1
+    finally:
+        durable.configure(enabled=True)
