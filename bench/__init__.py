@@ -17,4 +17,4 @@ def sink_sync() -> bool:
 
 def sink_sync_method() -> str:
     """``[sink] sync_method`` of the benchmarked services (``TIDEMARK_BENCH_SYNC_METHOD``)."""
-    return os.environ.get("TIDEMARK_BENCH_SYNC_METHOD", "auto")
+    return os.environ.get("TIDEMARK_BENCH_SYNC_METHOD", "files")

@@ -132,13 +132,12 @@ class SinkSettings(_Section):
         "is acknowledged (false: acknowledged once in the page cache; a power loss can "
         "then lose acknowledged transactions for good: throwaway use only)",
     )
-    sync_method: Literal["auto", "files", "filesystem"] = Field(
-        default="auto",
+    sync_method: Literal["files", "filesystem"] = Field(
+        default="files",
         description="how a sync step is made: files (fdatasync/fsync of each file and "
-        "folder, in parallel), filesystem (one syncfs(2) of the sink root's filesystem, "
-        "which also flushes whatever else was written to it), auto (filesystem on ext4, "
-        "xfs, btrfs, f2fs; files elsewhere: FUSE and network filesystems are not told "
-        "of syncfs)",
+        "folder, in parallel) or filesystem (one syncfs(2) of the sink root's filesystem, "
+        "which also flushes whatever else was written to it; on ext4, xfs, btrfs and "
+        "f2fs only, files elsewhere: FUSE and network filesystems are not told of syncfs)",
     )
     maintenance_every_s: float = Field(
         default=3600.0, gt=0, description="compaction and vacuum of each table, this often"

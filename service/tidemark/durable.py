@@ -72,7 +72,7 @@ class _Syncing:
 
     def __init__(self) -> None:
         self.enabled = True
-        self.method = "auto"
+        self.method = "files"
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._whole: dict[int, bool] = {}  # device -> whether syncfs makes it durable
@@ -100,10 +100,10 @@ class _Syncing:
 _SYNCING = _Syncing()
 
 
-def configure(*, enabled: bool, method: str = "auto") -> None:
+def configure(*, enabled: bool, method: str = "files") -> None:
     """Turn syncing on (the default) or off for this process, and say how a sync step
-    is made: ``files`` (each file and folder), ``filesystem`` (one ``syncfs`` per
-    filesystem) or ``auto`` (``filesystem`` where its type is in ``SYNCFS_TYPES``)."""
+    is made: ``files`` (each file and folder) or ``filesystem`` (one ``syncfs`` where
+    the filesystem's type is in ``SYNCFS_TYPES``, each file and folder elsewhere)."""
     _SYNCING.enabled = enabled
     _SYNCING.method = method
     _SYNCING._whole.clear()
@@ -112,9 +112,8 @@ def configure(*, enabled: bool, method: str = "auto") -> None:
 def _syncfs_covers(path: Path) -> bool:
     """Whether one ``syncfs`` of ``path``'s filesystem makes what is written there
     durable, as the configured method says."""
-    method = _SYNCING.method
-    if method != "auto" or _syncfs is None:
-        return method == "filesystem" and _syncfs is not None
+    if _SYNCING.method != "filesystem" or _syncfs is None:
+        return False
     device = os.stat(path).st_dev
     known = _SYNCING._whole.get(device)
     if known is None:

@@ -87,6 +87,7 @@ from .model import (
     DurabilityModel,
     Frozen,
     Kind,
+    kind_of,
 )
 
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
@@ -326,7 +327,7 @@ class CrashOps(mfusepy.Operations):
 
     def _new_inode(self, path: str, b: str) -> None:
         st = os.lstat(b)
-        kind = _kind_of(st.st_mode)
+        kind = kind_of(st.st_mode)
         target = os.readlink(b) if kind is Kind.SYMLINK else None
         self._mirror(
             f"create {path}",
@@ -661,16 +662,6 @@ class CrashOps(mfusepy.Operations):
         except Frozen as e:
             raise _fuse_error(errno.EIO) from e
         return 0
-
-
-def _kind_of(mode: int) -> Kind:
-    if stat.S_ISREG(mode):
-        return Kind.FILE
-    if stat.S_ISDIR(mode):
-        return Kind.DIR
-    if stat.S_ISLNK(mode):
-        return Kind.SYMLINK
-    return Kind.SPECIAL
 
 
 class _CrashFUSE(mfusepy.FUSE):

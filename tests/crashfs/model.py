@@ -261,7 +261,7 @@ class DurabilityModel:
                 if key in by_inode and not stat.S_ISDIR(st.st_mode):
                     entries[entry.name] = by_inode[key]  # a hard link
                     continue
-                kind = _kind_of(st.st_mode)
+                kind = kind_of(st.st_mode)
                 node_id = model._new(
                     kind,
                     st.st_mode,
@@ -624,7 +624,8 @@ def _error(code: int, path: str) -> OSError:
     return OSError(code, os.strerror(code), path)
 
 
-def _kind_of(mode: int) -> Kind:
+def kind_of(mode: int) -> Kind:
+    """The model's kind of an inode of this ``st_mode``."""
     if stat.S_ISREG(mode):
         return Kind.FILE
     if stat.S_ISDIR(mode):

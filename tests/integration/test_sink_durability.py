@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import errno
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from .service_support import current_lsn, running_service, settings_for, wait_fr
 from .sink_support import Feeder, make_feeder, open_writer
 from .test_backfill import HIGH, HIGH_SHAPE, make_items
 from .test_continuity import assert_equal
+from .test_sink import running
 from .test_writer_faults import LOW, LOW_SHAPE
 
 SHAPES = ("a", "b", "c")
@@ -52,17 +53,6 @@ def crashfs(tmp_path: Path) -> Iterator[CrashFS]:
     require_crashfs()
     with CrashFS.mounted(tmp_path) as fs:
         yield fs
-
-
-@contextlib.asynccontextmanager
-async def running(scheduler: FlushScheduler) -> AsyncIterator[FlushScheduler]:
-    task = asyncio.create_task(scheduler.run())
-    try:
-        yield scheduler
-    finally:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
 
 
 class Model:

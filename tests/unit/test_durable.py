@@ -143,6 +143,7 @@ def test_a_filesystem_sync_checks_each_file_then_syncs_once(
     short file was refused (never a sync that hides it)."""
     calls: list[int] = []
     monkeypatch.setattr(durable, "_syncfs", lambda fd: calls.append(fd) or 0)
+    monkeypatch.setattr(durable, "filesystem_type", lambda path: "ext4")
     durable.configure(enabled=True, method="filesystem")
     try:
         whole = tmp_path / "whole"
@@ -160,13 +161,13 @@ def test_a_filesystem_sync_checks_each_file_then_syncs_once(
         durable.configure(enabled=True)
 
 
-def test_auto_syncs_file_by_file_where_syncfs_is_not_known_to_reach_the_disk(
+def test_a_filesystem_sync_is_made_file_by_file_where_syncfs_may_not_reach_the_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
     monkeypatch.setattr(durable, "_syncfs", lambda fd: calls.append(fd) or 0)
     monkeypatch.setattr(durable, "filesystem_type", lambda path: "fuse.crashfs")
-    durable.configure(enabled=True, method="auto")
+    durable.configure(enabled=True, method="filesystem")
     try:
         f = tmp_path / "f"
         f.write_bytes(b"1")
@@ -175,7 +176,7 @@ def test_auto_syncs_file_by_file_where_syncfs_is_not_known_to_reach_the_disk(
         synced.sync()
         assert calls == []
         monkeypatch.setattr(durable, "filesystem_type", lambda path: "ext4")
-        durable.configure(enabled=True, method="auto")  # (forgets what it learnt)
+        durable.configure(enabled=True, method="filesystem")  # (forgets what it learnt)
         synced.sync()
         assert len(calls) == 1
     finally:
