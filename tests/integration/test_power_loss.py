@@ -80,7 +80,7 @@ CUTS: list[str | None] = [
 CUT_ON = {
     "backfill": ("*/tables/late/_delta_log/*.json", "backfill"),
     "resync": ("*/tables/*/_delta_log/*.json", "schemaReplaced"),
-    "streamed": ("*/tables/*/_delta_log/*.json", "tidemark.streamedRows"),
+    "streamed": ("*/tables/*/_delta_log/*.json", "tidemark.streamedTransactions"),
     "refresh": ("*/current/*/_delta_log/*.json", "tidemark.bucketsWritten"),
     "retention": ("*/tables/*/_delta_log/*.json", "tidemark.retainedLsn"),
     "compaction": ("*/tables/*/_delta_log/*.json", "compaction"),
@@ -89,7 +89,7 @@ CRASHES = int(os.environ.get("TIDEMARK_TEST_POWER_LOSSES", str(len(CUTS))))
 
 
 class Workload(threading.Thread):
-    """Small transactions on both tables, and every 40th a big one (streamed)."""
+    """Small transactions on both tables, and every 60th a big one (streamed)."""
 
     def __init__(self, dsn: str) -> None:
         super().__init__(daemon=True)
@@ -107,13 +107,13 @@ class Workload(threading.Thread):
                 with psycopg.connect(self.dsn, autocommit=True) as conn:
                     while not self.stop.is_set():
                         with conn.transaction():
-                            if self.transactions % 40 == 39:
+                            if self.transactions % 60 == 59:  # ~120 kB: streamed
                                 conn.execute(
                                     "insert into orders select g, g %% 10, repeat('x', 200)"
                                     " from generate_series(%s::int, %s::int) g",
-                                    (next_id, next_id + 1999),
+                                    (next_id, next_id + 599),
                                 )
-                                next_id += 2000
+                                next_id += 600
                             for _ in range(rng.randint(1, 6)):
                                 roll = rng.random()
                                 if roll < 0.55 or next_id < 10:
@@ -157,7 +157,7 @@ def add_shape(port: int, definition: dict[str, str]) -> None:
         raise AssertionError(f"adding a shape: {exc.code} {exc.read()!r}") from exc
 
 
-def wait_frozen(crashfs: CrashFS, cut: str, proc: Any, log: Path, timeout: float = 90) -> None:
+def wait_frozen(crashfs: CrashFS, cut: str, proc: Any, log: Path, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not crashfs.frozen():
         assert proc.poll() is None, f"the service exited before the {cut} cut"
@@ -329,8 +329,9 @@ def test_power_loss_loses_no_acknowledged_transaction(
         assert result.equal, result.describe()
         counts = Counter(committed_lsns(root, name))
         assert max(counts.values()) == 1, f"{name}: a (_lsn, _op) appears twice"
-        for kind in ("tables", "current"):
-            DeltaTable(str(root / kind / name)).version()  # opens
+        DeltaTable(str(root / "tables" / name)).version()  # opens
+        if (root / "current" / name).exists():  # (a shape refreshed at least once)
+            DeltaTable(str(root / "current" / name)).version()
     from tidemark import read
 
     wanted = {MARKER_BASE + n for n in markers}

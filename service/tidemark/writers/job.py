@@ -277,9 +277,9 @@ def batch_metadata(batch: Batch) -> dict[str, Any]:
         "tidemark.transactions": batch.transactions,
         "tidemark.lastOp": batch.last_offset.op_offset,
     }
-    streamed = sum(t.rows for t in batch.spooled if t.lsn is not None)
-    if streamed:  # rows of transactions Postgres streamed while they ran (protocol v2)
-        metadata["tidemark.streamedRows"] = streamed
+    streamed = sum(1 for t in batch.spooled if t.lsn is not None)
+    if streamed:  # transactions Postgres streamed while they ran (protocol v2)
+        metadata["tidemark.streamedTransactions"] = streamed
     return metadata
 
 
