@@ -49,7 +49,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from tidemark import durable, systemd
+from tidemark import durable, fencing, systemd
 from tidemark.aio import wait_event
 from tidemark.allocators import return_freed_memory
 from tidemark.config import Settings, load_settings
@@ -73,6 +73,7 @@ from tidemark.replication.client import (
 from tidemark.replication.monitor import ReplicationMonitor, Violation
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapeset import ShapeSet, ShapeStatus
+from tidemark.sink.epochs import mark_tables
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
 from tidemark.stalls import Stall, StallWatch
 from tidemark.upkeep import CurrentKeeper
@@ -148,6 +149,7 @@ class Service:
                 settings.source.slot,
                 retry_s=lease.retry_s,
                 check_s=lease.check_s,
+                deadline_s=lease.deadline_s,
             )
             if lease.enabled
             else None
@@ -158,6 +160,7 @@ class Service:
         self.client: ReplicationClient | None = None
         self.monitor: ReplicationMonitor | None = None
         self._stop = asyncio.Event()
+        self._deposed = asyncio.Event()  # a newer leader took over (tidemark.fencing)
         self._consume_lock = asyncio.Lock()
         self._decoder: PgOutputDecoder | None = None
         self._last_keepalive_end: int | None = None
@@ -390,7 +393,10 @@ class Service:
                     group.create_task(serve(self), name="http"),
                 ]
                 if self.lease is not None:
-                    tasks.append(group.create_task(self.lease.hold(), name="lease"))
+                    fence = fencing.current()
+                    hold = self.lease.hold(suspend=fence.suspend, resume=fence.resume)
+                    tasks.append(group.create_task(hold, name="lease"))
+                    tasks.append(group.create_task(self._watch_fence(), name="fence"))
                 group.create_task(self._shutdown_when_asked(tasks), name="shutdown")
         except* Exception as errors:
             for exc in errors.exceptions:
@@ -438,13 +444,29 @@ class Service:
     async def _lead(self) -> bool:
         assert self.lease is not None
         await self.lease.take_over_slot()
+        # before anything else is read or written: a leader deposed while alive must
+        # find every table marked with a newer epoch than its own (tidemark.fencing)
+        root = self.settings.sink.root
+        epoch = await asyncio.to_thread(fencing.advance, root, _holder_name())
+        marked = await asyncio.to_thread(mark_tables, root, epoch)
+        fence = fencing.install(fencing.Fence(root, epoch))
+        loop = asyncio.get_running_loop()
+        fence.on_deposed(lambda _reason: self._deposed_from(loop))
         # the old leader may have changed shapes, claims and the stream record
         self.store.reload()
         self.shapeset.registry.reload()
         self.phase, self.role = "starting", "leader"
         self.metrics.leader.set(1)
-        log.info("lease.leading", slot=self.settings.source.slot)
+        log.info("lease.leading", slot=self.settings.source.slot, epoch=epoch, tables_marked=marked)
         return True
+
+    def _deposed_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.call_soon_threadsafe(self._deposed.set)
+
+    async def _watch_fence(self) -> None:
+        """Stop the service (exit status 1) once a write found a newer leader."""
+        await self._deposed.wait()
+        raise fencing.Deposed(fencing.current().deposed or "a newer leader took over")
 
     async def _standby_watchdog(self) -> None:
         interval = systemd.watchdog_interval()
@@ -735,6 +757,10 @@ class Service:
                 disk=durable.full_disk(Path(self.settings.sink.root)),
             )
             return
+        except fencing.LeaseUnconfirmed:
+            return  # (written once the lease is confirmed again)
+        except fencing.Deposed:
+            return  # (the fence task stops the service)
         self._frontiers_dirty = False
 
     async def _housekeeping(self) -> None:
@@ -788,3 +814,11 @@ class Service:
                         error=f"{type(exc).__name__}: {exc}",
                         exc_info=exc,
                     )
+
+
+def _holder_name() -> str:
+    """Who took the lease, for ``leader.json``: host and process."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()} pid {os.getpid()}"

@@ -321,6 +321,15 @@ class LeaseSettings(_Section):
     )
     retry_s: float = Field(default=1.0, gt=0, description="how often a standby tries the lease")
     check_s: float = Field(default=1.0, gt=0, description="how often the leader checks it")
+    deadline_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=10.0,
+        description=(
+            "a leader that cannot confirm its lease for this long stops writing until it"
+            " does (below the ~11 s after which the server ends a vanished holder's session)"
+        ),
+    )
 
 
 class MonitorSettings(_Section):

@@ -13,21 +13,31 @@ Protocol of an instance:
 2. Lease taken: a walsender of the old leader may still hold the slot (a host cut
    off, a backend that has not noticed its client died): it is ended with
    ``pg_terminate_backend`` and the slot is awaited until free.
-3. Lead: the durable state under the sink root is read now (what the old leader
-   left), and the service starts from the slot's position as after any restart.
-   The lease connection is checked every ``check_s``; when it breaks (a source
-   restart takes the lock with it), the lock is taken again at once if nobody else
-   has it; if another instance has, ``hold`` raises ``LeaseLost`` and the service
-   stops (the supervisor restarts it as a standby). A leader that lost its lease
-   and still commits is refused by the sink's fence (``ShapeTable.commit``), so two
-   writers never add one transaction.
+3. Lead: the epoch is raised and every table marked with it (``tidemark.fencing``),
+   then the durable state under the sink root is read (what the old leader left), and
+   the service starts from the slot's position as after any restart. The lease
+   connection is checked every ``check_s``, each check bounded so that the last
+   confirmation is never older than ``deadline_s``. When a check fails or times out
+   (a source restart takes the lock with it, a partition, a backend that hangs),
+   every write under the sink root is suspended at once: the server ends a vanished
+   holder's session after about 11 s (the keepalives above), so the leader has
+   stopped writing before a standby can take the lock. The lock is then taken again
+   if nobody else has it, and writes resume if no newer leader came meanwhile; if
+   another instance has it, ``hold`` raises ``LeaseLost`` and the service stops (the
+   supervisor restarts it as a standby).
+4. A leader deposed while alive and frozen past all of the above is stopped by the
+   epoch: the new leader raised it and marked every table before writing, so the old
+   one's commits are refused and its next other write finds it (``tidemark.fencing``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 import structlog
@@ -76,15 +86,26 @@ _SLOT_PID = (
 
 
 class LeaderLease:
-    def __init__(self, dsn: str, slot: str, *, retry_s: float = 1.0, check_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        slot: str,
+        *,
+        retry_s: float = 1.0,
+        check_s: float = 1.0,
+        deadline_s: float = 5.0,
+    ) -> None:
         self.dsn = dsn
         self.slot = slot
         self.key = KEY_PREFIX + slot
         self.retry_s = retry_s
-        self.check_s = check_s
+        self.check_s = min(check_s, deadline_s / 2)
+        self.deadline_s = deadline_s
         self.held = False
         self.holder: Holder | None = None  # the other instance's, while standing by
         self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._backend: int | None = None  # the server process of the lease session
+        self._closing: set[asyncio.Future[None]] = set()  # sessions given up, closing
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
         if self._conn is None or self._conn.closed:
@@ -97,7 +118,9 @@ class LeaderLease:
                 keepalives_idle=5,
                 keepalives_interval=2,
                 keepalives_count=3,
+                connect_timeout=max(2, int(self.deadline_s)),
             )
+            self._backend = self._conn.info.backend_pid
         return self._conn
 
     async def try_acquire(self) -> bool:
@@ -159,31 +182,77 @@ class LeaderLease:
                     ended = pid
                 await asyncio.sleep(0.1)
 
-    async def hold(self) -> None:
-        """Check the lease until cancelled. When its connection breaks (a source restart,
-        a network cut), the lock is gone with it: take it again at once if nobody else
-        has (the source restarted under us: carry on), else ``LeaseLost``."""
+    async def hold(
+        self,
+        suspend: Callable[[str], None] = lambda reason: None,
+        resume: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Check the lease until cancelled, every ``check_s``, each check bounded so that
+        the last confirmation is never older than ``deadline_s``. When a check fails
+        or times out (a source restart, a network cut, a backend that hangs), the lock
+        may be gone with it: ``suspend(reason)`` at once (writes stop), then take the
+        lock again if nobody else has it (the source restarted under us) and
+        ``resume()``, else ``LeaseLost``."""
+        confirmed = time.monotonic()
         while True:
             await asyncio.sleep(self.check_s)
+            bound = max(0.1, confirmed + self.deadline_s - time.monotonic())
             try:
                 conn = self._conn  # a new session would not hold the lock: see below
                 if conn is None or conn.closed:
                     raise psycopg.OperationalError("the lease connection is closed")
-                await conn.execute("select 1")
-            except psycopg.Error as exc:
+                await self._confirm(conn, bound)
+                confirmed = time.monotonic()
+            except (psycopg.Error, TimeoutError) as exc:
+                cause = str(exc).strip() or (
+                    f"the lease was not confirmed within {self.deadline_s:g} s"
+                )
+                suspend(f"the leader lease on slot '{self.slot}' is not confirmed: {cause}")
                 self.held = False
                 await self.close()
-                log.warning("lease.connection_lost", slot=self.slot, error=str(exc).strip())
-                await self._take_back(str(exc).strip())
+                log.warning("lease.connection_lost", slot=self.slot, error=cause)
+                await self._take_back(cause)
+                resume()
+                confirmed = time.monotonic()
+
+    async def _confirm(
+        self, conn: psycopg.AsyncConnection[tuple[object, ...]], bound: float
+    ) -> None:
+        """One check of the lease session, given up after ``bound`` seconds (then
+        ``TimeoutError``). A query whose server process hangs is not cancelled (a
+        cancel waits for that server too): the session is dropped and closed in the
+        background once it answers, which ends the lock it holds."""
+        check = asyncio.ensure_future(conn.execute("select 1"))
+        done, _ = await asyncio.wait({check}, timeout=bound)
+        if check in done:
+            check.result()
+            return
+        if self._conn is conn:
+            self._conn = None
+        self.held = False
+        check.add_done_callback(lambda _: self._close_later(conn))
+        raise TimeoutError(f"the lease was not confirmed within {self.deadline_s:g} s")
+
+    def _close_later(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        closing = asyncio.ensure_future(conn.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     async def _take_back(self, cause: str) -> None:
+        ours = self._backend  # the session just given up: it may hold the lock a while
         while True:
             try:
-                if await self.try_acquire():
-                    log.info("lease.reacquired", slot=self.slot)
-                    return
-            except psycopg.OperationalError:
+                async with asyncio.timeout(self.deadline_s):
+                    if await self.try_acquire():
+                        log.info("lease.reacquired", slot=self.slot)
+                        return
+            except (psycopg.OperationalError, TimeoutError):
                 await self.close()  # the source is still away: try again
+                await asyncio.sleep(self.check_s)
+                continue
+            if self.holder is not None and self.holder.pid == ours:
+                # our own old session has not ended yet (its backend hangs): nobody
+                # else can lead meanwhile; writes stay suspended until it ends
                 await asyncio.sleep(self.check_s)
                 continue
             holder = self.holder.describe() if self.holder else "another instance"

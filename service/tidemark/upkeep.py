@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from tidemark import fencing
 from tidemark.durable import full_disk
 from tidemark.sink import current
 from tidemark.spark import in_background
@@ -300,7 +300,7 @@ def clear_staging(root: str | Path, shapes: list[str]) -> None:
     """At start: what refreshes of an earlier run left uncommitted is deleted, and each
     current table recovered (``CurrentTable.recover``)."""
     for name in shapes:
-        shutil.rmtree(current.current_path(root, name) / current.STAGING_DIR, ignore_errors=True)
+        fencing.clear(current.current_path(root, name) / current.STAGING_DIR)
         try:
             current.CurrentTable(root, name).recover()
         except Exception as exc:  # the refresh reports it; the stream goes on
@@ -322,12 +322,15 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
         retained = changelog.retained_lsn(generation) if changelog.exists() else None
         hours = current.current_vacuum_hours(points, retained, floor_hours, int(time.time() * 1000))
         dt = table.table()
+        where = f"the current table of shape '{shape}'"
+        fencing.current().check_table(fencing.table_epoch(dt), where)
         before = dt.version()
         dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True)
         dt.update_incremental()  # (the vacuum's own commits, synced like every other)
         entries_sync(table.path / "_delta_log", before + 1, dt.version()).sync()
         dt.cleanup_metadata()
     if changelog.exists():
+        fencing.check()
         DeltaTable(changelog.uri).cleanup_metadata()
 
 

@@ -48,7 +48,6 @@ was superseded (another resync, a removal) is cancelled or stops at ``register``
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -59,6 +58,7 @@ import psycopg
 import pyarrow as pa
 import structlog
 
+from tidemark import fencing
 from tidemark.backfill import reader
 from tidemark.backfill.fence import SnapshotFence
 from tidemark.backfill.reader import (
@@ -414,4 +414,4 @@ async def _read_chunks(
         for job in rounds:
             job.cancel()
         await asyncio.gather(*rounds, return_exceptions=True)
-        await asyncio.to_thread(shutil.rmtree, table.path / spool, ignore_errors=True)
+        await asyncio.to_thread(fencing.clear, table.path / spool)

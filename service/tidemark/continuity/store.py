@@ -39,6 +39,7 @@ from typing import Any
 
 import structlog
 
+from tidemark import fencing
 from tidemark.backfill.fence import SnapshotFence
 from tidemark.continuity.rule import StreamRecord
 from tidemark.durable import write_atomically
@@ -272,6 +273,7 @@ class ContinuityStore:
         with self._write_lock:
             if version <= self._claims_written:
                 return
+            fencing.check()
             write_atomically(self.claims_path, text)
             self._claims_written = version
         if self._legacy_path.exists():
@@ -286,6 +288,7 @@ class ContinuityStore:
         with self._write_lock:
             if version <= self._stream_written:
                 return
+            fencing.check()
             write_atomically(self.stream_path, json.dumps(record.to_json(), indent=1))
             self._stream_written = version
 

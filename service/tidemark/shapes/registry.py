@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from tidemark import fencing
 from tidemark.durable import remove_stale_temporaries, write_atomically
 from tidemark.errors import ConfigError, ShapeError, TidemarkError
 from tidemark.shapes.model import ShapeDefinition
@@ -243,6 +244,7 @@ class ShapeRegistry:
 
     def _commit(self, updated: dict[str, RegisteredShape], gone: Sequence[str]) -> None:
         """Persist ``updated``, then make it current, then tell the listeners."""
+        fencing.check()
         write_atomically(self._path, _encode(updated.values()))
         self._shapes = updated
         for name in sorted(gone):

@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 import uuid
 from collections.abc import Sequence
@@ -59,6 +58,7 @@ import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import RemoveAction
 
+from tidemark import fencing
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
 from tidemark.sink.schema import (
@@ -458,7 +458,7 @@ def _refresh_bucketed(
         try:
             added = _adopt_buckets(table, staging, touched)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            fencing.clear(staging)
     removed = [(p, n) for b in touched for p, n in old.get(b, [])] + old.get(-1, [])
     return _finish(plan, buckets, touched, rows_folded, removed, added, rebuild, started)
 
@@ -477,6 +477,7 @@ def refresh_many(
     one file (one bucket) and refreshed together with the other such shapes of its
     column layout: one Spark job for them all, a commit each. The others are refreshed
     one by one in ``buckets`` buckets (``refresh``)."""
+    fencing.check()  # (no job writes under the root for a deposed leader)
     out: dict[str, RefreshResult | Exception] = {}
     small: dict[tuple[str, str, tuple[str, ...]], list[_Plan]] = {}
     big: list[_Plan] = []
@@ -594,9 +595,9 @@ def _refresh_together(
             for plan in plans
         }
     except Exception as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        fencing.clear(staging)
         return dict.fromkeys(names, exc)
-    shutil.rmtree(staging, ignore_errors=True)
+    fencing.clear(staging)
 
     def commit(plan: _Plan) -> RefreshResult:
         added = adopted[plan.table.shape]
@@ -725,9 +726,13 @@ def _commit(
 ) -> None:
     # the LSN as the app transaction's version: deltalake refuses this commit if another
     # refresh committed one since ``dt``'s version (two refreshers never both land)
+    fence = fencing.current()
     properties = CommitProperties(
-        custom_metadata=metadata,
-        app_transactions=[Transaction(table.app_id, int(metadata["tidemark.lsn"]))],
+        custom_metadata=metadata | fence.commit_info(),
+        app_transactions=[
+            Transaction(table.app_id, int(metadata["tidemark.lsn"])),
+            *fence.app_transactions(),  # a newer leader's mark meanwhile: a conflict
+        ],
     )
     adds = [f.add_action() for f in added]
     # the files before the entry that names them, the entry before this returns: a
@@ -736,6 +741,7 @@ def _commit(
     for f in added:
         synced.new_file(table.path / f.path, table.path, f.size)
     if dt is None:
+        fence.check()
         make_dirs(table.path)
         description = json.dumps({"tidemark": {"current_of": table.shape}}, sort_keys=True)
         dt = DeltaTable.create(
@@ -744,11 +750,13 @@ def _commit(
             mode="error",
             name=f"{table.shape} (current)",
             description=description,
+            commit_properties=fence.creation(),
         )
         synced.update(entries_sync(table.path / "_delta_log", 0, 0))
         synced.new_folder(table.path / "_delta_log", table.path.parent.parent)
         overwrite = False  # a new table: nothing to replace
     synced.sync()
+    fence.check_table(fencing.table_epoch(dt), f"the current table of shape '{table.shape}'")
     before = dt.version()
     now = int(time.time() * 1000)
     removes = [] if overwrite else [RemoveAction(p, True, now, s, {}) for p, s in removed]

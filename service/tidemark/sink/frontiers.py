@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tidemark import fencing
 from tidemark.durable import write_atomically
 from tidemark.errors import SinkError
 from tidemark.lsn import format_lsn
@@ -126,4 +127,5 @@ def load_frontiers(root: str | Path, instance: str | None = None) -> Frontiers |
 
 def store_frontiers(root: str | Path, frontiers: Frontiers, instance: str = "") -> None:
     stamped = Frontiers(frontiers.durable_lsn, dict(frontiers.shapes), time.time())
+    fencing.check()
     write_atomically(frontiers_path(root, instance), stamped.to_json())

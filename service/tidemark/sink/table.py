@@ -94,6 +94,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
+from tidemark import fencing
 from tidemark.durable import SyncSet, make_dirs, publish_new, sync_folder, write_synced
 from tidemark.errors import SinkError, TableDamaged, WriterFenced
 from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
@@ -381,6 +382,7 @@ class ShapeTable:
             if self.recover():
                 self.ensure_columns(schema)
                 return
+            fencing.check()
             make_dirs(self.path)
             description = json.dumps(
                 {"tidemark": {"primary_key": list(primary_key), "shape": dict(definition or {})}},
@@ -393,6 +395,7 @@ class ShapeTable:
                     mode="error",
                     name=self.shape,
                     description=description,
+                    commit_properties=fencing.current().creation(),
                 )
             except Exception as exc:
                 raise SinkError(
@@ -418,6 +421,10 @@ class ShapeTable:
                 dt.update_incremental()
                 self._behind = False
             return dt
+
+    @property
+    def _where(self) -> str:
+        return f"the table of shape '{self.shape}'"
 
     def _handle(self) -> DeltaTable:
         """The handle as it is: its schema and metadata are the table's (appends
@@ -530,13 +537,16 @@ class ShapeTable:
     # -- writing ------------------------------------------------------------
 
     def new_batch_dir(self) -> tuple[str, Path]:
-        """A fresh ``data/<uuid>`` folder name (relative) and its absolute path."""
+        """A fresh ``data/<uuid>`` folder name (relative) and its absolute path; a
+        process that may not write under the root any more gets none (``fencing``)."""
+        fencing.check()
         rel = f"data/{uuid.uuid4()}"
         return rel, self.path / rel
 
     def new_spool_dir(self) -> tuple[str, Path]:
         """A fresh ``_spool/<uuid>`` folder (relative, absolute) for rows of a transaction
         still being streamed: hidden from Delta readers and vacuum."""
+        fencing.check()
         rel = f"{SPOOL_DIR}/{uuid.uuid4()}"
         return rel, self.path / rel
 
@@ -681,10 +691,15 @@ class ShapeTable:
             "tidemark.rows": str(sum(f.num_rows for f in files)),
         }
         info |= {k: str(v) for k, v in custom.items()}
+        info |= fencing.current().commit_info()
         lines = [json.dumps({"commitInfo": info}, separators=(",", ":"))]
         lines += [json.dumps({"add": f.add_entry()}, separators=(",", ":")) for f in files]
         txn = {"appId": self.app_id, "version": end_lsn, "lastUpdated": now}
         lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
+        epoch = fencing.current().epoch
+        if epoch is not None:  # the leader's mark (tidemark.fencing)
+            mark = {"appId": fencing.EPOCH_APP, "version": epoch, "lastUpdated": now}
+            lines.append(json.dumps({"txn": mark}, separators=(",", ":")))
         return ("\n".join(lines) + "\n").encode()
 
     def _append(
@@ -708,6 +723,14 @@ class ShapeTable:
             # synced before it gets its name: a log entry on disk is always whole (its
             # folder is synced by the caller, with the other tables' of the round)
             write_synced(temp, self._entry(files, custom, end_lsn))
+        try:
+            # (a newer leader's epoch mark takes version ``head + 1`` first: the
+            # publication below then fails, and the library's way checks the mark)
+            fencing.check()
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+            raise
         try:
             published = publish_new(temp, log_dir / f"{version:020d}.json")
         except OSError as exc:  # e.g. a filesystem without hard links: the library's way
@@ -736,7 +759,9 @@ class ShapeTable:
 
     def _know(self, dt: DeltaTable) -> None:
         """Remember ``dt``'s version as the newest the handle knows (just updated or
-        committed through it), if the table lets appends be written directly."""
+        committed through it), if the table lets appends be written directly; a
+        version marked by a newer leader is never known (``Deposed``)."""
+        fencing.current().check_table(fencing.table_epoch(dt), self._where)
         protocol = dt.protocol()
         if not self._direct or protocol.min_writer_version > 2 or protocol.writer_features:
             self._head = None
@@ -898,7 +923,12 @@ class ShapeTable:
         adds = [f.add_action(data_change=data_change) for f in files]
         custom = {"tidemark.rows": str(sum(f.num_rows for f in files))}
         custom |= {k: str(v) for k, v in metadata.items()}
+        custom |= fencing.current().commit_info()
         self.files_sync(files).sync()  # the files before the entry that names them
+        fence = fencing.current()
+        # refused when a newer leader marked the snapshot this commit is built on; the
+        # commit carries our mark, so a mark that lands meanwhile makes it a conflict
+        fence.check_table(fencing.table_epoch(dt), self._where)
         before = dt.version()
         dt.create_write_transaction(
             [*removes, *adds],
@@ -910,6 +940,7 @@ class ShapeTable:
                     [] if app_version is None else [Transaction(self.app_id, app_version)]
                 )
                 + list(extra)
+                + fence.app_transactions()
                 or None,
             ),
         )
@@ -934,6 +965,8 @@ class ShapeTable:
     def delete_files(self, files: Sequence[DataFile]) -> None:
         """Remove written files no commit will ever reference (best effort: vacuum
         removes what is left)."""
+        if fencing.current().deposed is not None:
+            return  # (the newer leader's vacuum removes them)
         for f in files:
             try:
                 (self.path / f.path).unlink()
@@ -964,6 +997,7 @@ class ShapeTable:
         with self._lock:
             dt = self.table()
             dt.update_incremental()
+            fencing.current().check_table(fencing.table_epoch(dt), self._where)
             small = [(p, n) for p, n in self._active_files(dt) if n < target_size // 2]
             bins: list[list[tuple[str, int]]] = [[]]
             size = 0
@@ -1014,6 +1048,7 @@ class ShapeTable:
                 with contextlib.suppress(FileNotFoundError):
                     os.utime(self.path / f.path, (now, now))
             dt = self.table()
+            fencing.current().check_table(fencing.table_epoch(dt), self._where)
             before = dt.version()
             deleted = dt.vacuum(
                 retention_hours=retention_hours,

@@ -17,7 +17,6 @@ commit landed.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tidemark import fencing
 from tidemark.durable import SyncFailed, SyncSet
 from tidemark.errors import SinkError
 from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
@@ -381,6 +381,7 @@ def write_round(
     table. Nothing is committed. Per member: its files (the staged ones first), or
     the error that stopped it (a conversion error stops only that member; a failed
     Spark job every member of its layout)."""
+    fencing.check()  # (no job writes under the root for a deposed leader)
     results: list[list[DataFile] | BaseException] = [[] for _ in members]
     direct = writes_in_place(spark)
     layouts: dict[tuple[tuple[str, str], ...], list[int]] = {}
@@ -412,7 +413,7 @@ def write_round(
                 else:
                     files = _adopt(m.table, written / f"{PART}={i}")
                 results[i] = [*m.batch.staged, *files]
-            shutil.rmtree(written, ignore_errors=True)
+            fencing.clear(written)
         except Exception as exc:  # the job (or a move): every member of the layout
             for i in ready:
                 if not isinstance(results[i], BaseException):

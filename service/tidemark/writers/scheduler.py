@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -45,6 +44,7 @@ from typing import Any
 
 import structlog
 
+from tidemark import fencing
 from tidemark.aio import wait_event
 from tidemark.durable import SyncSet, full_disk
 from tidemark.errors import SinkError, WriterFenced
@@ -258,7 +258,7 @@ class FlushScheduler:
         its oldest ready row may get (the flush age, or inf: not due by age)."""
         buf = writer.buffer
         since = buf.ready_since
-        if since is None or writer.hold_commits or writer.retry is not None:
+        if since is None or writer.hold_commits or writer.retry is not None or writer.awaited:
             return False
         p = self.policy
         return (
@@ -304,6 +304,7 @@ class FlushScheduler:
                 and id(w) not in chosen
                 and w.retry is None
                 and not w.hold_commits
+                and not w.awaited
                 and w.buffer.ready_since is not None
                 and now - w.buffer.ready_since >= min(self.policy.coalesce_age_s, age)
             ]
@@ -573,7 +574,7 @@ class FlushScheduler:
         """Delete what round jobs of an earlier run left in the staging folder (files
         written but never moved into a table: their batches were not committed)."""
         if self.staging is not None:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            fencing.clear(self.staging)
 
     def _committed(self, writer: ShapeWriter, batch: Batch, result: CommitResult) -> None:
         writer.batch_committed(batch, result.version)
@@ -676,9 +677,15 @@ class FlushScheduler:
 
     @contextlib.asynccontextmanager
     async def exclusive(self, writer: ShapeWriter) -> AsyncIterator[None]:
-        """Hold ``writer`` so no flush job runs for it (backfill commits, maintenance)."""
-        while writer.in_flight:
-            await asyncio.sleep(0.02)
+        """Hold ``writer`` so no flush job runs for it (backfill commits, maintenance).
+        No new job starts for it meanwhile: under a steady stream its rounds would
+        otherwise follow one another with no gap, and upkeep would wait forever."""
+        writer.awaited += 1
+        try:
+            while writer.in_flight:
+                await asyncio.sleep(0.02)
+        finally:
+            writer.awaited -= 1
         writer.in_flight = True
         try:
             yield

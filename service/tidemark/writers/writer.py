@@ -73,6 +73,7 @@ class ShapeWriter:
         self.rows_committed = 0
         self.commits = 0
         self.in_flight = False  # a flush or staging job is running for this shape
+        self.awaited = 0  # tasks waiting for ``FlushScheduler.exclusive``: no new job
         self.in_flight_bytes = 0  # buffered bytes that job holds until it finishes
         self.in_flight_lsn: int | None = None  # oldest transaction that job holds
         self.backfill = False  # snapshot work has lower priority

@@ -1,0 +1,221 @@
+"""The fencing token: a leader deposed while alive writes nothing under the sink root.
+
+The lease (``tidemark.lease``) says who should lead; it cannot stop a leader that lost
+it without noticing (cut off from Postgres only, a VM frozen longer than the lease
+check, a session ended by the server): its threads finish what they were doing and its
+event loop resumes. The *epoch* stops it:
+
+- ``<root>/_tidemark/leader.json`` holds a number that every new leader raises by one
+  (synced) once it holds the lease, before it reads or writes anything else
+  (``advance``);
+- then it marks every table under the root with it (``sink.epochs.mark_tables``): a Delta commit
+  holding only the application transaction ``tidemark-epoch`` at the new number;
+- every commit tidemark makes carries that application transaction at its own epoch
+  (``Fence.app_transactions``) and is refused before it is written when the table's
+  is newer (``Fence.check_table``). The check reads the snapshot the commit is built
+  on, the commit can land only as the version after that snapshot (put-if-absent), and
+  a commit that raced it with the same application id is a conflict: a pause between
+  the check and the write cannot let a deposed leader's commit through;
+- every other write under the root (state files, staging and spool clean-ups, vacuum,
+  a new table) reads ``leader.json`` first (``Fence.check``). A pause between that read
+  and the write is not covered: the bound on those writes is the lease deadline below
+  for a leader that runs, and nothing for one frozen exactly there (documented);
+- a leader that cannot confirm its lease within ``[lease] deadline_s`` suspends every
+  write (``suspend``: writes fail and are retried, nothing is acknowledged) until it
+  confirms the lease again with its own epoch still the newest (``resume``); when
+  another instance holds the lease or the epoch moved on, it is deposed: every write
+  is refused from then on and the service exits with status 1 (``lease.deposed``).
+
+The fence is process-wide (one service per process): ``install`` at the start of a
+lead, ``current`` everywhere a write is made. Without a lease (``[lease] enabled =
+false``) there is no epoch and nothing is checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+
+from tidemark.durable import write_atomically
+from tidemark.errors import SinkError, TidemarkError
+
+log = structlog.get_logger("tidemark.fencing")
+
+EPOCH_APP: Final = "tidemark-epoch"
+LEADER_FILE: Final = "_tidemark/leader.json"
+
+
+class Deposed(TidemarkError):
+    """A newer leader took over: this instance must not write under the sink root."""
+
+
+class LeaseUnconfirmed(SinkError):
+    """The lease could not be confirmed within its deadline: writes wait until it is
+    (a failed write is retried like any other sink failure)."""
+
+
+def leader_path(root: str | Path) -> Path:
+    return Path(root) / LEADER_FILE
+
+
+def read_epoch(root: str | Path) -> int:
+    """The newest epoch under ``root`` (0: no leader yet)."""
+    try:
+        data = json.loads(leader_path(root).read_text())
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError) as exc:
+        raise SinkError(
+            f"cannot read the leader epoch at {leader_path(root)}: {exc}; if the file is "
+            "damaged, stop every instance, remove it and start them again"
+        ) from exc
+    return int(data.get("epoch", 0))
+
+
+def advance(root: str | Path, holder: str) -> int:
+    """Raise the epoch by one (synced) and return it; called holding the lease, so no
+    two instances advance at once."""
+    epoch = read_epoch(root) + 1
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record = {"epoch": epoch, "holder": holder, "since": since}
+    write_atomically(leader_path(root), json.dumps(record, indent=1))
+    return epoch
+
+
+class Fence:
+    """What this process may write: ``epoch`` None means unfenced (no lease)."""
+
+    def __init__(self, root: str | Path | None = None, epoch: int | None = None) -> None:
+        self.root = None if root is None else Path(root)
+        self.epoch = epoch
+        self.deposed: str | None = None
+        self.suspended: str | None = None
+        self._listeners: list[Callable[[str], None]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self.epoch is not None
+
+    def on_deposed(self, listener: Callable[[str], None]) -> None:
+        """``listener(reason)`` is called once, from whichever thread found it out."""
+        self._listeners.append(listener)
+
+    def check(self) -> None:
+        """Before a write under the root: ``Deposed`` when a newer leader took over,
+        ``LeaseUnconfirmed`` while the lease is not confirmed."""
+        if self.epoch is None:
+            return
+        if self.deposed is not None:
+            raise Deposed(self.deposed)
+        if self.suspended is not None:
+            raise LeaseUnconfirmed(self.suspended)
+        assert self.root is not None
+        newest = read_epoch(self.root)
+        if newest > self.epoch:
+            self.depose(
+                f"a newer leader (epoch {newest}) took over the sink root {self.root}; "
+                f"this instance (epoch {self.epoch}) stops writing"
+            )
+
+    def check_table(self, table_epoch: int | None, where: str) -> None:
+        """Before a commit built on a snapshot whose epoch mark is ``table_epoch``."""
+        self.check()
+        if self.epoch is not None and table_epoch is not None and table_epoch > self.epoch:
+            self.depose(
+                f"{where} was marked by a newer leader (epoch {table_epoch}); this "
+                f"instance (epoch {self.epoch}) stops writing"
+            )
+
+    def app_transactions(self) -> list[Any]:
+        """The application transaction every commit carries (none when unfenced)."""
+        if self.epoch is None:
+            return []
+        from deltalake import Transaction
+
+        return [Transaction(EPOCH_APP, self.epoch)]
+
+    def commit_info(self) -> dict[str, str]:
+        """What every commit records of its writer (``tidemark.epoch``)."""
+        return {} if self.epoch is None else {"tidemark.epoch": str(self.epoch)}
+
+    def creation(self) -> Any:
+        """The commit properties of a new table's first commit: born marked."""
+        if self.epoch is None:
+            return None
+        from deltalake import CommitProperties
+
+        return CommitProperties(
+            custom_metadata=self.commit_info(), app_transactions=self.app_transactions()
+        )
+
+    def depose(self, reason: str) -> None:
+        with self._lock:
+            first = self.deposed is None
+            if first:
+                self.deposed = reason
+        if first:
+            log.error("lease.deposed", epoch=self.epoch, reason=reason)
+            for listener in self._listeners:
+                with contextlib.suppress(Exception):
+                    listener(reason)
+        raise Deposed(reason)
+
+    def suspend(self, reason: str) -> None:
+        if self.suspended is None:
+            log.warning("lease.writes_suspended", epoch=self.epoch, reason=reason)
+        self.suspended = reason
+
+    def resume(self) -> None:
+        """The lease is confirmed again: writes go on if no newer leader came meanwhile."""
+        if self.suspended is not None:
+            self.suspended = None
+            with contextlib.suppress(Deposed):
+                self.check()
+            if self.deposed is None:
+                log.info("lease.writes_resumed", epoch=self.epoch)
+
+
+_current = Fence()
+
+
+def current() -> Fence:
+    return _current
+
+
+def install(fence: Fence) -> Fence:
+    global _current
+    _current = fence
+    return fence
+
+
+def check() -> None:
+    """``current().check()``: before a write under the sink root."""
+    _current.check()
+
+
+def table_epoch(dt: Any) -> int | None:
+    """The epoch mark of a Delta table snapshot (None: never marked)."""
+    version = dt.transaction_version(EPOCH_APP)
+    return None if version is None else int(version)
+
+
+def clear(path: str | Path) -> bool:
+    """Remove a staging or spool folder under the sink root, unless this process may
+    not write there any more (deposed, or its lease unconfirmed: the folder may be a
+    newer leader's now; what is left is cleared at the next start). True if removed."""
+    import shutil
+
+    try:
+        _current.check()
+    except (Deposed, LeaseUnconfirmed):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
