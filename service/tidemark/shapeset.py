@@ -597,6 +597,7 @@ class ShapeSet:
         progress.started_at, progress.phase = time.time(), "snapshot"
         status.backfill = progress
         try:
+            await self.scheduler.settled(name)  # an earlier definition's last round
             async with self.scheduler.exclusive(writer):
                 writer.discard_buffered()
             while True:

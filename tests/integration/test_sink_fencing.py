@@ -262,3 +262,82 @@ def test_a_commit_by_someone_else_between_two_appends_sends_the_next_the_library
     with pytest.raises(WriterFenced):
         table.commit(_batch_files(table, 45, 60), 60, {}, first_lsn=45)
     assert DeltaTable(table.uri).version() == 6
+
+
+def test_a_commit_of_an_older_epoch_is_refused_whichever_way_it_is_written(
+    tmp_path: Path,
+) -> None:
+    """A leader (epoch 1) that knows a table's head commits directly; a newer leader
+    (epoch 2) marks the table (``sink.epochs``); every later commit of the old one,
+    direct or through the library, is refused before it is written, and the fence
+    stays shut for it (``Deposed``)."""
+    from tidemark import fencing
+    from tidemark.sink.epochs import mark_tables
+
+    root = str(tmp_path)
+    deposed: list[str] = []
+    old = fencing.install(fencing.Fence(root, 1))
+    old.on_deposed(deposed.append)
+    try:
+        (tmp_path / "_tidemark").mkdir()
+        (tmp_path / "_tidemark" / "leader.json").write_text('{"epoch": 1}')
+        table = ShapeTable(root, SHAPE)
+        table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+        assert table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1) == 1
+        staged = _batch_files(table, BATCH + 1, 2 * BATCH)  # (a round's files, written)
+        # when a newer leader takes over: the epoch raised, the table marked
+        assert fencing.advance(root, "test") == 2
+        fencing.install(fencing.Fence(root, 2))
+        assert mark_tables(root, 2) == 1
+        fencing.install(old)
+        before = DeltaTable(table.uri).version()
+        # then the old leader's direct append (its head is stale) is refused
+        with pytest.raises(fencing.Deposed, match="newer leader"):
+            table.commit(staged, 2 * BATCH, first_lsn=BATCH + 1)
+        assert deposed and "epoch 2" in deposed[0]
+        # and so is a library commit, and a state write, from then on
+        with pytest.raises(fencing.Deposed):
+            table.backfill_commit([], staged)
+        with pytest.raises(fencing.Deposed):
+            fencing.check()
+        assert DeltaTable(table.uri).version() == before
+        assert not list(table.log_dir.glob("_commit_*"))
+        # while a table the old leader reads without the file check (its pause came
+        # between the check and the commit) refuses by its mark alone
+        fencing.install(fencing.Fence(root, 1))
+        (tmp_path / "_tidemark" / "leader.json").write_text('{"epoch": 1}')
+        fresh = ShapeTable(root, SHAPE)
+        with pytest.raises(fencing.Deposed, match="marked by a newer leader"):
+            fresh.commit(staged, 2 * BATCH, first_lsn=BATCH + 1)
+        assert DeltaTable(table.uri).version() == before
+    finally:
+        fencing.install(fencing.Fence())
+
+
+def test_a_mark_racing_an_older_leaders_commit_makes_it_a_conflict(tmp_path: Path) -> None:
+    """The old leader read the snapshot before the mark landed: its commit carries the
+    same application id as the mark, so the library refuses it (and the mark, if the
+    old commit won the race, goes on top of it)."""
+    from tidemark import fencing
+    from tidemark.sink.epochs import mark_table
+
+    root = str(tmp_path)
+    try:
+        fencing.install(fencing.Fence(root, 1))
+        table = ShapeTable(root, SHAPE)
+        table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+        stale = DeltaTable(table.uri)  # the old leader's snapshot, read before the mark
+        assert mark_table(table.path, 2)
+        with pytest.raises(CommitFailedError):
+            stale.create_write_transaction(
+                [],
+                mode="append",
+                schema=stale.schema(),
+                commit_properties=CommitProperties(
+                    app_transactions=fencing.current().app_transactions()
+                ),
+            )
+        assert DeltaTable(table.uri).transaction_version(fencing.EPOCH_APP) == 2
+        assert not mark_table(table.path, 2)  # (marked once)
+    finally:
+        fencing.install(fencing.Fence())

@@ -134,6 +134,9 @@ class FlushScheduler:
             max_workers=self.policy.commit_concurrency, thread_name_prefix="delta-commit"
         )
         self.writers: dict[str, ShapeWriter] = {}
+        # removed writers whose last job still runs, by shape: a shape declared again
+        # under that name waits for them before its snapshot (``settled``)
+        self._retired: dict[str, list[ShapeWriter]] = {}
         # buffered bytes at the last exact sum, and what writers appended since
         self._summed = 0
         self._charge = Charge()
@@ -165,7 +168,21 @@ class FlushScheduler:
             writer.charge = self._charge
 
     def remove(self, shape: str) -> ShapeWriter | None:
-        return self.writers.pop(shape, None)
+        """Stop scheduling the shape's writer; a job of it that runs goes on to its end
+        (its commit, or its failure: a removed writer is never retried)."""
+        writer = self.writers.pop(shape, None)
+        if writer is not None and writer.in_flight:
+            self._retired.setdefault(shape, []).append(writer)
+        return writer
+
+    async def settled(self, shape: str) -> None:
+        """Until no job of a removed writer of ``shape`` runs. A shape removed and
+        declared again (API or reload) lists its new snapshot only after this: an old
+        round committing after that listing would put rows of the old definition (or
+        older versions of rows) after the snapshot's, and the fold would take them."""
+        for writer in self._retired.pop(shape, []):
+            while writer.in_flight:
+                await asyncio.sleep(0.02)
 
     # -- signals from the stream ----------------------------------------------------
 

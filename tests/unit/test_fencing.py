@@ -1,0 +1,81 @@
+"""The fence of one process (``tidemark.fencing``): the epoch file, deposed, suspended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidemark import fencing
+
+
+def test_each_new_leader_raises_the_epoch_by_one(tmp_path: Path) -> None:
+    assert fencing.read_epoch(tmp_path) == 0
+    assert fencing.advance(tmp_path, "a") == 1
+    assert fencing.advance(tmp_path, "b") == 2
+    assert fencing.read_epoch(tmp_path) == 2
+
+
+def test_a_damaged_epoch_file_is_a_clear_error(tmp_path: Path) -> None:
+    fencing.leader_path(tmp_path).parent.mkdir()
+    fencing.leader_path(tmp_path).write_text("{not json")
+    with pytest.raises(fencing.SinkError, match="remove it"):
+        fencing.read_epoch(tmp_path)
+
+
+def test_a_newer_epoch_deposes_once_and_for_good(tmp_path: Path) -> None:
+    fence = fencing.Fence(tmp_path, fencing.advance(tmp_path, "old"))
+    heard: list[str] = []
+    fence.on_deposed(heard.append)
+    fence.check()  # our own epoch: fine
+    fencing.advance(tmp_path, "new")
+    with pytest.raises(fencing.Deposed, match="epoch 2"):
+        fence.check()
+    with pytest.raises(fencing.Deposed):
+        fence.check()
+    assert len(heard) == 1
+
+
+def test_a_table_marked_newer_deposes(tmp_path: Path) -> None:
+    fence = fencing.Fence(tmp_path, fencing.advance(tmp_path, "old"))
+    fence.check_table(None, "t")
+    fence.check_table(1, "t")
+    with pytest.raises(fencing.Deposed, match="marked by a newer leader"):
+        fence.check_table(2, "the table of shape 't'")
+
+
+def test_suspended_writes_fail_until_resumed(tmp_path: Path) -> None:
+    fence = fencing.Fence(tmp_path, fencing.advance(tmp_path, "me"))
+    fence.suspend("lease not confirmed")
+    with pytest.raises(fencing.LeaseUnconfirmed):
+        fence.check()
+    fence.resume()
+    fence.check()
+    # a newer leader came while suspended: resuming finds it
+    fence.suspend("lease not confirmed")
+    fencing.advance(tmp_path, "other")
+    fence.resume()
+    with pytest.raises(fencing.Deposed):
+        fence.check()
+
+
+def test_without_a_lease_nothing_is_checked_or_carried(tmp_path: Path) -> None:
+    fence = fencing.Fence()
+    fence.check()
+    fence.check_table(99, "t")
+    assert fence.app_transactions() == [] and fence.commit_info() == {}
+    assert fence.creation() is None
+
+
+def test_a_cleanup_is_skipped_once_deposed(tmp_path: Path) -> None:
+    folder = tmp_path / "staging"
+    folder.mkdir()
+    fence = fencing.install(fencing.Fence(tmp_path, fencing.advance(tmp_path, "old")))
+    try:
+        fencing.advance(tmp_path, "new")
+        assert not fencing.clear(folder) and folder.is_dir()
+        fencing.install(fencing.Fence())
+        assert fencing.clear(folder) and not folder.exists()
+    finally:
+        fencing.install(fencing.Fence())
+    assert fence.deposed is not None
