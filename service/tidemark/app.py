@@ -122,7 +122,7 @@ class Service:
         self.violations: list[Violation] = []
         self.tracker = FlushTracker(self._on_durable, clock=time.monotonic)
         self.store = ContinuityStore(settings.sink.root, settings.instance.name)
-        self.guard = ContinuityGuard(self.store, settings.source.on_stream_gap)
+        self.guard = ContinuityGuard(self.store, settings.source.on_stream_gap, held=self._held_lsn)
         self.shapeset = ShapeSet(
             settings,
             self.tracker,
@@ -459,6 +459,24 @@ class Service:
         self.metrics.leader.set(1)
         log.info("lease.leading", slot=self.settings.source.slot, epoch=epoch, tables_marked=marked)
         return True
+
+    def _held_lsn(self) -> int:
+        """The highest LSN of the stream this process received and holds: the newest
+        transaction seen, and each claimed shape's committed offset (from its table
+        at start). Compared with where a new timeline forked (``continuity.rule``)."""
+        from tidemark.sink.table import ShapeTable
+
+        held = max(0, self.tracker.last_seen_offset.tx_offset)
+        writers = self.scheduler.writers if self.scheduler is not None else {}
+        for name in self.store.claimed():
+            writer = writers.get(name)
+            if writer is not None:
+                committed = writer.committed_lsn
+            else:
+                table = ShapeTable(self.settings.sink.root, name)
+                committed = table.committed_lsn() if table.exists() else None
+            held = max(held, committed or 0)
+        return held
 
     def _deposed_from(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.call_soon_threadsafe(self._deposed.set)

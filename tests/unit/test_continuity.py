@@ -10,7 +10,12 @@ import pytest
 
 from tidemark.backfill.fence import SnapshotFence
 from tidemark.continuity.guard import ContinuityGuard
-from tidemark.continuity.rule import ObservedStream, StreamRecord, check_stream
+from tidemark.continuity.rule import (
+    ObservedStream,
+    StreamRecord,
+    check_stream,
+    parse_timeline_history,
+)
 from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import StreamGapError
 
@@ -59,8 +64,42 @@ def test_a_broken_stream_is_a_gap_when_claimed_and_adopted_when_not(
 
 
 def test_a_new_timeline_with_the_slot_in_place_continues_and_says_so() -> None:
-    verdict = check_stream(RECORD, observed(timeline=2), claimed=True)
+    # forked at or above everything tidemark holds (what it sent: 5000; its tables: 5000)
+    promoted = observed(timeline=2, history=((1, 5000),))
+    verdict = check_stream(RECORD, promoted, claimed=True, held=5000)
     assert verdict.kind == "continuous" and "timeline changed from 1 to 2" in verdict.reason
+    assert "forking at 0/1388" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("history", "held", "words"),
+    [
+        (((1, 4096),), 0, "left timeline 1 at 0/1000, but tidemark had received"),
+        (((1, 5000),), 5008, "up to 0/1390"),  # (the tables hold more than was sent)
+        (((3, 9000),), 0, "does not descend from timeline 1"),
+        ((), 0, "does not descend"),
+    ],
+)
+def test_a_timeline_that_forked_below_what_tidemark_holds_is_a_gap(
+    history: tuple[tuple[int, int], ...], held: int, words: str
+) -> None:
+    promoted = observed(timeline=2, history=history)
+    gap = check_stream(RECORD, promoted, claimed=True, held=held)
+    assert gap.kind == "gap" and words in gap.reason
+    assert check_stream(RECORD, promoted, claimed=False, held=held).kind == "adopt"
+
+
+def test_two_promotions_fork_where_the_recorded_timeline_ended() -> None:
+    twice = observed(timeline=3, history=((1, 5000), (2, 7000)))
+    assert check_stream(RECORD, twice, claimed=True, held=5000).kind == "continuous"
+    on_two = StreamRecord(SYSTEM, 2, "tm", 1000, 1, 6000, 0.0)
+    assert check_stream(on_two, twice, claimed=True, held=7000).kind == "continuous"
+    assert check_stream(on_two, twice, claimed=True, held=7001).kind == "gap"
+
+
+def test_a_timeline_history_file_is_read_as_postgres_writes_it() -> None:
+    text = "1\t0/3495468\tno recovery target specified\n\n2\t0/5000000\tat restore point\n"
+    assert parse_timeline_history(text) == ((1, 0x3495468), (2, 0x5000000))
 
 
 def test_without_a_record_an_existing_slot_is_adopted_and_a_missing_one_is_a_gap() -> None:
@@ -203,7 +242,15 @@ def test_a_gap_found_on_reconnect_stops_whatever_the_policy(tmp_path: Path) -> N
 
 def test_a_promotion_keeps_the_epoch_and_records_the_new_timeline(tmp_path: Path) -> None:
     store = claimed_store(tmp_path)
-    ContinuityGuard(store, "fail").check(observed(timeline=3))
+    ContinuityGuard(store, "fail").check(observed(timeline=3, history=((1, 5000), (2, 6000))))
     record = ContinuityStore(tmp_path).stream
     assert record is not None and (record.epoch, record.timeline) == (1, 3)
     assert store.claim("a") is not None
+
+
+def test_a_fork_below_what_the_tables_hold_stops_on_reconnect(tmp_path: Path) -> None:
+    # the record says 5000 was sent; the tables hold a commit at 5600; the standby
+    # that was promoted had only up to 5200
+    guard = ContinuityGuard(claimed_store(tmp_path), "resync", held=lambda: 5600)
+    with pytest.raises(StreamGapError, match="left timeline 1 at 0/1450"):
+        guard.check(observed(timeline=2, history=((1, 5200),)))

@@ -13,6 +13,7 @@ with it the slot's origin.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Literal
 
 import structlog
@@ -35,13 +36,28 @@ POLICY_KNOB = '[source] on_stream_gap = "resync" (or TIDEMARK_SOURCE__ON_STREAM_
 
 
 class ContinuityGuard:
-    def __init__(self, store: ContinuityStore, policy: Policy = "fail") -> None:
+    def __init__(
+        self,
+        store: ContinuityStore,
+        policy: Policy = "fail",
+        held: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.store = store
         self.policy = policy
+        # the highest LSN tidemark received and holds (tables, buffers): asked only
+        # when the timeline changed, to compare with where the new one forked
+        self.held = held
         self.last_verdict: Verdict | None = None
 
     def _verdict(self, observed: ObservedStream) -> Verdict:
-        verdict = check_stream(self.store.stream, observed, claimed=bool(self.store.claimed()))
+        record = self.store.stream
+        moved = record is not None and record.timeline != observed.timeline
+        verdict = check_stream(
+            record,
+            observed,
+            claimed=bool(self.store.claimed()),
+            held=self.held() if moved else 0,
+        )
         self.last_verdict = verdict
         return verdict
 

@@ -8,13 +8,17 @@ answers with a ``Verdict``:
   flush tidemark ever sent. Postgres re-sends everything after the slot's
   position, and the sinks drop what they hold: resuming is exact. A new timeline
   with the slot still there (a promoted standby that had the slot, a PG 17
-  failover slot) is the same stream.
+  failover slot) is the same stream, if the new timeline left the recorded one at
+  or after everything tidemark holds (the fork LSN, from the timeline history).
 * ``adopt``: nothing is claimed on the recorded stream (first start, or no shape
   has a backfill record), so whatever stream is there now becomes the record.
 * ``gap``: something is claimed and the stream changed under it: another system,
   another slot name, the slot missing (dropped, lost in a failover, invalidated),
   or its ``confirmed_flush_lsn`` beyond what tidemark sent (recreated, advanced,
-  or consumed by another client). Changes in between never reached the shapes.
+  or consumed by another client): changes in between never reached the shapes. Or a
+  new timeline that forked below what tidemark holds (a standby promoted before it
+  had everything tidemark received: those transactions exist only on the lost
+  timeline, and the new one reuses their LSNs for other changes).
 
 Pure: no IO; the caller observes and persists.
 """
@@ -24,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from tidemark.lsn import format_lsn
+from tidemark.lsn import Lsn, format_lsn
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,13 @@ class ObservedStream:
     slot_exists: bool
     confirmed_flush_lsn: int | None = None  # the slot's, when it exists
     slot_lost: bool = False  # wal_status = 'lost' (invalidated)
+    # the observed timeline's history: (timeline, LSN where the next one began), oldest
+    # first (``TIMELINE_HISTORY``; empty on timeline 1)
+    history: tuple[tuple[int, int], ...] = ()
+
+    def fork_from(self, timeline: int) -> int | None:
+        """Where this stream's timeline left ``timeline`` (None: not an ancestor)."""
+        return next((lsn for tli, lsn in self.history if tli == timeline), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +97,16 @@ class Verdict:
     reason: str = ""  # why (gap, adopt) or what changed harmlessly (continuous)
 
 
-def check_stream(record: StreamRecord | None, observed: ObservedStream, claimed: bool) -> Verdict:
+def check_stream(
+    record: StreamRecord | None, observed: ObservedStream, claimed: bool, held: int = 0
+) -> Verdict:
     """The verdict for resuming the claims on ``record`` with the stream ``observed``.
 
-    ``claimed``: at least one shape holds a claim (a backfill record) on the record.
+    ``claimed``: at least one shape holds a claim (a backfill record) on the record;
+    ``held``: the highest LSN tidemark received and holds of it (tables' committed
+    transactions; the record's sent flush counts too).
     """
-    broken = _break(record, observed)
+    broken = _break(record, observed) or _fork(record, observed, held)
     if broken is None:
         if record is None:  # state written before streams were recorded
             return Verdict(
@@ -99,10 +114,12 @@ def check_stream(record: StreamRecord | None, observed: ObservedStream, claimed:
                 f"no stream was recorded yet: slot '{observed.slot}' is adopted as it is",
             )
         if record.timeline != observed.timeline:
+            fork = observed.fork_from(record.timeline)
+            where = "" if fork is None else f", forking at {format_lsn(fork)}"
             return Verdict(
                 "continuous",
                 f"the source's timeline changed from {record.timeline} to {observed.timeline} "
-                f"(a promotion) and slot '{observed.slot}' carried over at its position",
+                f"(a promotion{where}) and slot '{observed.slot}' carried over at its position",
             )
         return Verdict("continuous")
     if not claimed:
@@ -144,6 +161,43 @@ def _break(record: StreamRecord | None, observed: ObservedStream) -> str | None:
             "recreated, advanced, or consumed by another client"
         )
     return None
+
+
+def _fork(record: StreamRecord | None, observed: ObservedStream, held: int) -> str | None:
+    """What a new timeline breaks (None: nothing): a timeline that does not descend
+    from the recorded one, or that left it below what tidemark holds."""
+    if record is None or record.timeline == observed.timeline:
+        return None
+    fork = observed.fork_from(record.timeline)
+    if fork is None:
+        return (
+            f"the source is on timeline {observed.timeline}, which does not descend from "
+            f"timeline {record.timeline} that tidemark followed (a standby restored from "
+            "another backup, or timeline history files removed)"
+        )
+    highest = max(held, record.sent_flush_lsn)
+    if highest > fork:
+        return (
+            f"the source was promoted onto timeline {observed.timeline}, which left timeline "
+            f"{record.timeline} at {format_lsn(fork)}, but tidemark had received and holds "
+            f"transactions of timeline {record.timeline} up to {format_lsn(highest)}: the "
+            "promoted standby never had them (they exist only on the lost timeline and "
+            "stay in the tables as phantoms, while the new timeline reuses their positions "
+            "for other changes)"
+        )
+    return None
+
+
+def parse_timeline_history(text: str) -> tuple[tuple[int, int], ...]:
+    """A timeline history file: ``<timeline>\t<switch LSN>\t<reason>`` lines, comments
+    (``#``) and blank lines skipped."""
+    entries = []
+    for line in text.splitlines():
+        fields = line.split("\t") if "\t" in line else line.split()
+        if not fields or not fields[0].strip() or fields[0].lstrip().startswith("#"):
+            continue
+        entries.append((int(fields[0]), int(Lsn.parse(fields[1].strip()))))
+    return tuple(entries)
 
 
 def gap_message(reason: str, shapes: list[str], *, policy_knob: str) -> str:

@@ -44,7 +44,7 @@ from psycopg import pq
 
 from tidemark.aio import wait_event, within
 from tidemark.conninfo import redact_dsn, redact_text
-from tidemark.continuity.rule import ObservedStream
+from tidemark.continuity.rule import ObservedStream, parse_timeline_history
 from tidemark.errors import ReplicationError, SlotLostError, TidemarkError
 from tidemark.lsn import format_lsn
 from tidemark.pgoutput.framing import pg_now_us, standby_status_update
@@ -337,7 +337,8 @@ class ReplicationClient:
             state = await slots.slot_state(conn, cfg.slot)
         finally:
             await conn.close()
-        observed = observed_stream(ident, cfg.slot, state)
+        history = await timeline_history(repl, ident[1])
+        observed = observed_stream(ident, cfg.slot, state, history)
         if self.guard is not None:
             self.guard.check(observed)  # before a slot is created over a gap
         if state is None:
@@ -616,7 +617,10 @@ class ReplicationClient:
 
 
 def observed_stream(
-    ident: tuple[str, int], slot: str, state: slots.SlotState | None
+    ident: tuple[str, int],
+    slot: str,
+    state: slots.SlotState | None,
+    history: tuple[tuple[int, int], ...] = (),
 ) -> ObservedStream:
     return ObservedStream(
         system_id=ident[0],
@@ -625,7 +629,27 @@ def observed_stream(
         slot_exists=state is not None,
         confirmed_flush_lsn=None if state is None else state.confirmed_flush_lsn,
         slot_lost=state is not None and state.wal_status == "lost",
+        history=history,
     )
+
+
+async def timeline_history(
+    repl: psycopg.AsyncConnection[tuple[object, ...]], timeline: int
+) -> tuple[tuple[int, int], ...]:
+    """The history of ``timeline`` (``TIMELINE_HISTORY`` on a replication connection):
+    where each earlier timeline ended. Timeline 1 has none."""
+    if timeline <= 1:
+        return ()
+    row = await (await repl.execute(f"TIMELINE_HISTORY {int(timeline)}")).fetchone()
+    if row is None:
+        return ()
+    content = row[1]
+    text = (
+        bytes(content).decode(errors="replace")
+        if isinstance(content, (bytes, bytearray, memoryview))
+        else str(content)
+    )
+    return parse_timeline_history(text)
 
 
 async def observe_stream(dsn: str, slot: str) -> ObservedStream:
@@ -641,6 +665,7 @@ async def observe_stream(dsn: str, slot: str) -> ObservedStream:
         row = await (await repl.execute("IDENTIFY_SYSTEM")).fetchone()
         assert row is not None
         ident = (str(row[0]), int(str(row[1])))
+        history = await timeline_history(repl, ident[1])
     finally:
         await repl.close()
     conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
@@ -648,7 +673,7 @@ async def observe_stream(dsn: str, slot: str) -> ObservedStream:
         state = await slots.slot_state(conn, slot)
     finally:
         await conn.close()
-    return observed_stream(ident, slot, state)
+    return observed_stream(ident, slot, state, history)
 
 
 def _raise_stream_error(err: psycopg.Error, slot: str) -> None:
