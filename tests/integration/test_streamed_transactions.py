@@ -140,7 +140,10 @@ async def test_streamed_transactions_with_savepoints_aborts_and_interleaving_are
         # then they arrived streamed, rows left memory before their commit, and the
         # savepoint and the top-level abort were applied as Postgres did
         assert stats.streamed_commits >= 3, stats
-        assert stats.streamed_aborts >= 1 and stats.subtransaction_aborts >= 1, stats
+        assert stats.subtransaction_aborts >= 1, stats
+        # (PostgreSQL 18 checks whether a transaction aborted before it streams it, and
+        # drops one it finds aborted itself: then no Stream Abort reaches tidemark)
+        assert stats.streamed_aborts >= 1 or pg_db.server.version >= 18, stats
         assert service.scheduler.stats.spooled_bytes > 0
         assert service.collector.open_streams == 0
     for shape, query in TRUTH.items():
