@@ -1,7 +1,7 @@
 """A shape removed and declared again while its previous writer's batch is in a flush
 round never takes that batch's rows (``FlushScheduler.settled``).
 
-Many shapes on one table make rounds long; a workload moves rows in and out of one
+Many shapes on one table (each takes a slice of the rows) make rounds long; a workload moves rows in and out of one
 shape's predicate while that shape is removed (``DELETE``) and added again with the
 other predicate (``POST``), quickly, again and again. After each re-definition the
 workload pauses, the shape catches up, and its folded table must equal Postgres: an old
@@ -30,7 +30,7 @@ from .remote_service import get_json, service_env, start_service, stop_service, 
 from .service_support import current_lsn
 
 OTHERS = int(os.environ.get("TIDEMARK_TEST_REDEFINE_SHAPES", "299"))
-REDEFINITIONS = int(os.environ.get("TIDEMARK_TEST_REDEFINITIONS", "12"))
+REDEFINITIONS = int(os.environ.get("TIDEMARK_TEST_REDEFINITIONS", "8"))
 PREDICATES = ["grp < 5", "grp >= 5"]
 ROWS = 2000
 
@@ -63,6 +63,7 @@ class Mover(threading.Thread):
                             (rng.randint(0, 9), rng.randint(1, ROWS)),
                         )
                 self.transactions += 1
+                time.sleep(0.01)
 
     def pause(self) -> None:
         self.running.clear()
@@ -87,7 +88,10 @@ def wait_active(port: int, name: str, proc, log: Path, timeout: float = 180) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, tail(log)
-        status, body = get_json(port, f"/v1/shapes/{name}")
+        try:
+            status, body = get_json(port, f"/v1/shapes/{name}")
+        except OSError:  # (not listening yet)
+            status, body = 0, {}
         if status == 200 and body.get("state") == "active":
             return
         time.sleep(0.2)
@@ -106,7 +110,7 @@ def test_a_shape_redefined_while_its_batch_is_in_a_round_never_takes_its_rows(
         f"insert into items select g, g % 10, 'p' from generate_series(1, {ROWS}) g"
     )
     shapes = [
-        {"name": f"o{i:03d}", "table": "public.items", "where": f"grp = {i % 10}"}
+        {"name": f"o{i:03d}", "table": "public.items", "where": f"id % {OTHERS} = {i}"}
         for i in range(OTHERS)
     ]
     shapes.append({"name": "s", "table": "public.items", "where": PREDICATES[0]})
@@ -126,7 +130,7 @@ def test_a_shape_redefined_while_its_batch_is_in_a_round_never_takes_its_rows(
             mover.running.set()
             time.sleep(random.Random(n).uniform(1.0, 3.0))  # rounds in flight
             status, body = call(port, "DELETE", "/v1/shapes/s")
-            assert status == 200, (status, body)
+            assert status in (200, 204), (status, body)
             status, body = call(
                 port,
                 "POST",
