@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from deltalake import DeltaTable
 
 from tidemark.embedded import free_port
@@ -181,22 +182,45 @@ def versions_of(root: Path) -> dict[Path, int]:
     return out
 
 
+# each instance an application of its own on the standalone cluster (one core each: the
+# worker has two, and the frozen leader's executor keeps its core until it exits)
+CLUSTER_CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.memory": "1g",
+    "spark.executor.memory": "512m",
+    "spark.cores.max": "1",
+}
+
+
 @ONE_SERVER
+@pytest.mark.parametrize(
+    "engine", ["local", pytest.param("cluster", marks=pytest.mark.spark_cluster)]
+)
 def test_a_leader_deposed_while_alive_writes_nothing_and_exits(
     pg_db: PgDatabase,
     spark,  # type: ignore[no-untyped-def]
     tmp_path: Path,
+    engine: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     pg_db.execute(SCHEMA)
     root = tmp_path / "lake"
     slot = "tm_deposed"
     ports = [free_port(), free_port()]
     logs = [tmp_path / "old.log", tmp_path / "new.log"]
+    spark_args: dict[str, str] = {}
+    if engine == "cluster":
+        cluster = request.getfixturevalue("spark_cluster")
+        spark_args = {"master": cluster.master_url, "conf": json.dumps(CLUSTER_CONF)}
     envs = [
-        service_env(dsn=pg_db.dsn, root=root, port=port, name=slot, shapes=SHAPES) for port in ports
+        service_env(dsn=pg_db.dsn, root=root, port=port, name=slot, shapes=SHAPES, **spark_args)
+        for port in ports
     ]
     for env in envs:
         env["TIDEMARK_CURRENT__REFRESH_S"] = "1"
+        if engine == "cluster":
+            env["SPARK_LOCAL_IP"] = "127.0.0.1"
     old = start_service(envs[0], logs[0])
     new = None
     workload = Workload(pg_db.dsn)

@@ -1,12 +1,12 @@
 """A shape removed and declared again while its previous writer's batch is in a flush
 round never takes that batch's rows (``FlushScheduler.settled``).
 
-Many shapes on one table (each takes a slice of the rows) make rounds long; a workload moves rows in and out of one
-shape's predicate while that shape is removed (``DELETE``) and added again with the
-other predicate (``POST``), quickly, again and again. After each re-definition the
-workload pauses, the shape catches up, and its folded table must equal Postgres: an old
-round committing after the new snapshot was listed would leave rows of the old
-predicate (or older versions of rows) in it.
+Many shapes on one table (each takes a slice of the rows) make rounds long; a workload
+moves rows in and out of one shape's predicate while that shape is removed
+(``DELETE``) and added again with the other predicate (``POST``), quickly, again and
+again. After each re-definition the workload pauses, the shape catches up, and its
+folded table must equal Postgres: an old round committing after the new snapshot was
+listed would leave rows of the old predicate (or older versions of rows) in it.
 """
 
 from __future__ import annotations
