@@ -50,6 +50,10 @@ log = structlog.get_logger("tidemark.fencing")
 
 EPOCH_APP: Final = "tidemark-epoch"
 LEADER_FILE: Final = "_tidemark/leader.json"
+RESTART: Final = (
+    " (restarted by its supervisor it stands by; if no other tidemark should run on "
+    "this slot and sink root, find the one that took over)"
+)
 
 
 class Deposed(TidemarkError):
@@ -122,7 +126,7 @@ class Fence:
         if newest > self.epoch:
             self.depose(
                 f"a newer leader (epoch {newest}) took over the sink root {self.root}; "
-                f"this instance (epoch {self.epoch}) stops writing"
+                f"this instance (epoch {self.epoch}) stops writing{RESTART}"
             )
 
     def check_table(self, table_epoch: int | None, where: str) -> None:
@@ -131,7 +135,7 @@ class Fence:
         if self.epoch is not None and table_epoch is not None and table_epoch > self.epoch:
             self.depose(
                 f"{where} was marked by a newer leader (epoch {table_epoch}); this "
-                f"instance (epoch {self.epoch}) stops writing"
+                f"instance (epoch {self.epoch}) stops writing{RESTART}"
             )
 
     def app_transactions(self) -> list[Any]:
