@@ -237,3 +237,28 @@ async def test_a_rebuilt_standby_has_no_slot_and_the_gap_policy_applies(
             rebuilt.stop()
     finally:
         snapshots.stop.set()
+
+
+async def test_config_check_warns_of_a_failover_slot_no_standby_is_kept_ahead_of(
+    replicated: tuple[EmbeddedPostgres, EmbeddedPostgres], tmp_path: Path
+) -> None:
+    from tidemark.preflight import run_checks
+
+    primary, _ = replicated
+    settings = settings_for(primary.dsn("app"), str(tmp_path), SHAPES)
+    settings = settings.model_copy(
+        update={"source": settings.source.model_copy(update={"failover_slot": True})}
+    )
+    check = {c.name: c for c in await run_checks(settings)}["failover slot"]
+    if (primary.major or 0) < 17:
+        assert not check.ok and "needs PostgreSQL 17" in check.detail, check
+        return
+    # without synchronized_standby_slots: a warning that says what to set
+    assert check.ok and check.warning and "synchronized_standby_slots" in check.detail, check
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        conn.execute("select pg_create_physical_replication_slot('standby_1')")
+        conn.execute("alter system set synchronized_standby_slots = 'standby_1'")
+        conn.execute("select pg_reload_conf()")
+    time.sleep(0.5)
+    check = {c.name: c for c in await run_checks(settings)}["failover slot"]
+    assert check.ok and not check.warning and "standby_1" in check.detail, check
