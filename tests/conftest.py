@@ -21,3 +21,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _INTEGRATION in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _unfenced() -> None:
+    """Each test starts with no leader fence in force (``tidemark.fencing`` is
+    process-wide: a service run in-process leaves its own, deposed or suspended
+    perhaps, which must not refuse the next test's writes)."""
+    from tidemark import fencing
+
+    fencing.install(fencing.Fence())

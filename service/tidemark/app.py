@@ -55,13 +55,14 @@ from tidemark.allocators import return_freed_memory
 from tidemark.config import Settings, load_settings
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
-from tidemark.errors import ProtocolError, TidemarkError
+from tidemark.errors import ProtocolError, ReplicationError, TidemarkError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lease import LeaderLease
 from tidemark.lsn import format_lsn
 from tidemark.observability import Metrics, refresh_metrics
 from tidemark.pgoutput.decoder import PgOutputDecoder
 from tidemark.reload import ReloadPlan, plan_reload
+from tidemark.replication import slot as slots
 from tidemark.replication.client import (
     KeepaliveMark,
     ReplicationClient,
@@ -73,8 +74,10 @@ from tidemark.replication.client import (
 from tidemark.replication.monitor import ReplicationMonitor, Violation
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapeset import ShapeSet, ShapeStatus
+from tidemark.sink.current import current_path
 from tidemark.sink.epochs import mark_tables
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
+from tidemark.sink.table import table_path
 from tidemark.stalls import Stall, StallWatch
 from tidemark.upkeep import CurrentKeeper
 from tidemark.writers.job import CommitResult
@@ -329,12 +332,18 @@ class Service:
                     spark_cfg.remote,
                 )
             if self.lease is None:
+                # no lease, no epoch: nothing is fenced (and nothing of an earlier
+                # service in this process, deposed or suspended, stays in force)
+                fencing.install(fencing.Fence())
                 self.metrics.leader.set(1)
             elif not await self._stand_by():
                 return  # stopped while standing by
             src = settings.source
             # the claims hold only on the stream they were made on: check it first
-            self.guard.decide_at_start(await observe_stream(src.dsn, src.slot))
+            observed = await observe_stream(src.dsn, src.slot)
+            self.guard.decide_at_start(observed)
+            if observed.slot_lost:  # (no claim holds on it any more: see decide_at_start)
+                await self._replace_lost_slot()
             self.scheduler = FlushScheduler(
                 self.spark,
                 self.policy,
@@ -446,19 +455,41 @@ class Service:
         await self.lease.take_over_slot()
         # before anything else is read or written: a leader deposed while alive must
         # find every table marked with a newer epoch than its own (tidemark.fencing)
-        root = self.settings.sink.root
-        epoch = await asyncio.to_thread(fencing.advance, root, _holder_name())
-        marked = await asyncio.to_thread(mark_tables, root, epoch)
-        fence = fencing.install(fencing.Fence(root, epoch))
+        root, instance = self.settings.sink.root, self.settings.instance.name
+        epoch = await asyncio.to_thread(fencing.advance, root, _holder_name(), instance)
+        # the old leader may have changed shapes, claims and the stream record
+        self.shapeset.registry.reload()
+        names = {r.name for r in self.registry.shapes()} | {s.name for s in self.settings.shapes}
+        tables = [p for n in sorted(names) for p in (table_path(root, n), current_path(root, n))]
+        marked = await asyncio.to_thread(
+            mark_tables, root, epoch, [p for p in tables if p.is_dir()], fencing.epoch_app(instance)
+        )
+        fence = fencing.install(fencing.Fence(root, epoch, instance))
         loop = asyncio.get_running_loop()
         fence.on_deposed(lambda _reason: self._deposed_from(loop))
-        # the old leader may have changed shapes, claims and the stream record
         self.store.reload()
-        self.shapeset.registry.reload()
         self.phase, self.role = "starting", "leader"
         self.metrics.leader.set(1)
         log.info("lease.leading", slot=self.settings.source.slot, epoch=epoch, tables_marked=marked)
         return True
+
+    async def _replace_lost_slot(self) -> None:
+        """An invalidated slot can never stream again. Past ``decide_at_start`` no claim
+        holds on it (``on_stream_gap = "resync"`` ended them, or there were none): it is
+        dropped, and the replication client creates it again."""
+        src = self.settings.source
+        if not src.create_slot:
+            raise ReplicationError(
+                f"replication slot '{src.slot}' was invalidated and [source] create_slot is "
+                f"false: drop it (SELECT pg_drop_replication_slot('{src.slot}')) and create it "
+                "again, or allow tidemark to"
+            )
+        conn = await psycopg.AsyncConnection.connect(src.dsn, autocommit=True)
+        try:
+            await slots.drop_slot(conn, src.slot)
+        finally:
+            await conn.close()
+        log.warning("slot.dropped_invalidated", slot=src.slot)
 
     def _held_lsn(self) -> int:
         """The highest LSN of the stream this process received and holds: the newest

@@ -65,40 +65,54 @@ class LeaseUnconfirmed(SinkError):
     (a failed write is retried like any other sink failure)."""
 
 
-def leader_path(root: str | Path) -> Path:
-    return Path(root) / LEADER_FILE
+def leader_path(root: str | Path, instance: str = "") -> Path:
+    """The epoch file of an instance: each instance on a root (``[instance] name``) has
+    its own leader, lease and epoch, beside its other state files."""
+    if not instance:
+        return Path(root) / LEADER_FILE
+    return Path(root) / "_tidemark" / "instances" / instance / "leader.json"
 
 
-def read_epoch(root: str | Path) -> int:
-    """The newest epoch under ``root`` (0: no leader yet)."""
+def epoch_app(instance: str = "") -> str:
+    """The application id of an instance's epoch mark in its tables."""
+    return f"{EPOCH_APP}:{instance}" if instance else EPOCH_APP
+
+
+def read_epoch(root: str | Path, instance: str = "") -> int:
+    """The newest epoch of ``instance`` under ``root`` (0: no leader yet)."""
+    path = leader_path(root, instance)
     try:
-        data = json.loads(leader_path(root).read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         return 0
     except (OSError, ValueError) as exc:
         raise SinkError(
-            f"cannot read the leader epoch at {leader_path(root)}: {exc}; if the file is "
+            f"cannot read the leader epoch at {path}: {exc}; if the file is "
             "damaged, stop every instance, remove it and start them again"
         ) from exc
     return int(data.get("epoch", 0))
 
 
-def advance(root: str | Path, holder: str) -> int:
+def advance(root: str | Path, holder: str, instance: str = "") -> int:
     """Raise the epoch by one (synced) and return it; called holding the lease, so no
-    two instances advance at once."""
-    epoch = read_epoch(root) + 1
+    two processes of one instance advance at once."""
+    epoch = read_epoch(root, instance) + 1
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record = {"epoch": epoch, "holder": holder, "since": since}
-    write_atomically(leader_path(root), json.dumps(record, indent=1))
+    write_atomically(leader_path(root, instance), json.dumps(record, indent=1))
     return epoch
 
 
 class Fence:
     """What this process may write: ``epoch`` None means unfenced (no lease)."""
 
-    def __init__(self, root: str | Path | None = None, epoch: int | None = None) -> None:
+    def __init__(
+        self, root: str | Path | None = None, epoch: int | None = None, instance: str = ""
+    ) -> None:
         self.root = None if root is None else Path(root)
         self.epoch = epoch
+        self.instance = instance
+        self.app_id = epoch_app(instance)
         self.deposed: str | None = None
         self.suspended: str | None = None
         self._listeners: list[Callable[[str], None]] = []
@@ -122,7 +136,7 @@ class Fence:
         if self.suspended is not None:
             raise LeaseUnconfirmed(self.suspended)
         assert self.root is not None
-        newest = read_epoch(self.root)
+        newest = read_epoch(self.root, self.instance)
         if newest > self.epoch:
             self.depose(
                 f"a newer leader (epoch {newest}) took over the sink root {self.root}; "
@@ -138,13 +152,22 @@ class Fence:
                 f"instance (epoch {self.epoch}) stops writing{RESTART}"
             )
 
+    def table_epoch(self, dt: Any) -> int | None:
+        """The epoch mark of a Delta table snapshot for this instance (None: none)."""
+        return table_epoch(dt, self.app_id)
+
+    def check_snapshot(self, dt: Any, where: str) -> None:
+        """``check_table`` with the mark of the snapshot ``dt``."""
+        if self.epoch is not None:
+            self.check_table(self.table_epoch(dt), where)
+
     def app_transactions(self) -> list[Any]:
         """The application transaction every commit carries (none when unfenced)."""
         if self.epoch is None:
             return []
         from deltalake import Transaction
 
-        return [Transaction(EPOCH_APP, self.epoch)]
+        return [Transaction(self.app_id, self.epoch)]
 
     def commit_info(self) -> dict[str, str]:
         """What every commit records of its writer (``tidemark.epoch``)."""
@@ -205,9 +228,9 @@ def check() -> None:
     _current.check()
 
 
-def table_epoch(dt: Any) -> int | None:
+def table_epoch(dt: Any, app_id: str = EPOCH_APP) -> int | None:
     """The epoch mark of a Delta table snapshot (None: never marked)."""
-    version = dt.transaction_version(EPOCH_APP)
+    version = dt.transaction_version(app_id)
     return None if version is None else int(version)
 
 

@@ -230,10 +230,12 @@ class LeaderLease:
         if self._conn is conn:
             self._conn = None
         self.held = False
-        check.add_done_callback(lambda _: self._close_later(conn))
+        check.add_done_callback(lambda done: self._close_later(conn, done))
         raise TimeoutError(f"the lease was not confirmed within {self.deadline_s:g} s")
 
-    def _close_later(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def _close_later(self, conn: psycopg.AsyncConnection[Any], check: asyncio.Future[Any]) -> None:
+        if not check.cancelled():
+            check.exception()  # (retrieved: the session is given up whatever it says)
         closing = asyncio.ensure_future(conn.close())
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)

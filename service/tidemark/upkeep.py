@@ -323,7 +323,7 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
         hours = current.current_vacuum_hours(points, retained, floor_hours, int(time.time() * 1000))
         dt = table.table()
         where = f"the current table of shape '{shape}'"
-        fencing.current().check_table(fencing.table_epoch(dt), where)
+        fencing.current().check_snapshot(dt, where)
         before = dt.version()
         dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True)
         dt.update_incremental()  # (the vacuum's own commits, synced like every other)

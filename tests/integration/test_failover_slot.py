@@ -40,7 +40,7 @@ import pytest
 from tidemark.app import Service
 from tidemark.config import Settings
 from tidemark.embedded import PASSWORD, ROLE, EmbeddedPostgres, pg18_bin_dir
-from tidemark.errors import StreamGapError
+from tidemark.errors import ReplicationError, StreamGapError
 from tidemark.lsn import Lsn, format_lsn
 
 from .fork_support import (
@@ -110,13 +110,15 @@ def failover_pair(*, synchronized: bool) -> Iterator[tuple[EmbeddedPostgres, Emb
     standby: EmbeddedPostgres | None = None
     try:
         execute(primary.dsn(), "select pg_create_physical_replication_slot(%s, true)", (PHYSICAL,))
-        if synchronized:
-            execute(primary.dsn(), f"alter system set synchronized_standby_slots = '{PHYSICAL}'")
-            execute(primary.dsn(), "select pg_reload_conf()")
         standby = EmbeddedPostgres(
             "pg18", settings={"primary_slot_name": PHYSICAL, "sync_replication_slots": "on"}
         )
         standby.start(standby_of=primary)
+        if synchronized:
+            # after the base backup: set before, S would inherit it (postgresql.auto.conf)
+            # and, once promoted, hold its logical walsenders for a slot it does not have
+            execute(primary.dsn(), f"alter system set synchronized_standby_slots = '{PHYSICAL}'")
+            execute(primary.dsn(), "select pg_reload_conf()")
         s_dsn = standby.dsn()
         conninfo = str(execute(s_dsn, "show primary_conninfo")[0][0])
         if "dbname=" not in conninfo:  # pg_basebackup -R writes it (17+): else add it
@@ -177,6 +179,13 @@ async def synced_on(standby: EmbeddedPostgres, timeout: float = 120.0) -> dict[s
     return dict(await until("the slot to be synced to the standby", check, timeout, 1.0))
 
 
+def server_log(pg: EmbeddedPostgres, chars: int = 3000) -> str:
+    try:
+        return pg.log_file.read_text(errors="replace")[-chars:]
+    except (OSError, AssertionError):
+        return "(no log)"
+
+
 def lsn_of(text: str | None) -> int:
     return 0 if text is None else int(Lsn.parse(str(text)))
 
@@ -232,8 +241,7 @@ async def reached(
 
 async def ended(task: asyncio.Task[None], timeout: float) -> BaseException | None:
     """Until the service's task ends by itself: the error it ended with."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(task), timeout)
+    await asyncio.wait({task}, timeout=timeout)
     assert task.done(), f"the service was still running after {timeout}s"
     return None if task.cancelled() else task.exception()
 
@@ -349,8 +357,16 @@ async def test_a_synchronised_failover_slot_follows_a_promotion_without_a_resync
             # and S takes writes as the new primary
             await asyncio.to_thread(later_writes, s_dsn)
             end = wal_lsn(s_dsn)
+            print(
+                f"\n[failover slot, synchronised] acknowledged on P {format_lsn(acknowledged)}, "
+                f"stream.json before the crash {stream['sent_flush_lsn_text']}, synced copy on "
+                f"S before the promotion {synced_before}, after {on_s}, fork {format_lsn(fork)}"
+            )
             # then tidemark follows it through the multi-host DSN: reconnected, continuous
-            await reached(service, task, end, timeout=180)
+            try:
+                await reached(service, task, end, timeout=180)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\nS's log:\n{server_log(standby)}") from None
             new_writer = Writer(s_dsn, 50_000, "standby")
             new_writer.start()
             try:
@@ -618,10 +634,16 @@ async def test_a_slot_invalidated_by_idle_timeout_is_resynced_by_policy(
         before = claims_on_disk(root)
         # when tidemark starts with on_stream_gap = "resync" (the invalidated slot as is)
         settings = settings_for(p_dsn, str(root), SHAPES, source={"on_stream_gap": "resync"})
-        async with serving(settings, spark) as (service, task):
-            await reached(service, task, wal_lsn(p_dsn), timeout=180)
-            await asyncio.to_thread(later_writes, p_dsn)
-            await reached(service, task, wal_lsn(p_dsn))
+        try:
+            async with serving(settings, spark) as (service, task):
+                await reached(service, task, wal_lsn(p_dsn), timeout=180)
+                await asyncio.to_thread(later_writes, p_dsn)
+                await reached(service, task, wal_lsn(p_dsn))
+        except ReplicationError as exc:
+            raise AssertionError(
+                f"the resync did not start: {type(exc).__name__}: {exc} (slot on P: "
+                f"{slot_row(p_dsn)}; claims.json now: {claims_on_disk(root)})"
+            ) from exc
         after = claims_on_disk(root)
         new_slot = slot_row(p_dsn)
         print(

@@ -41,6 +41,7 @@ class ObservedStream:
     slot_exists: bool
     confirmed_flush_lsn: int | None = None  # the slot's, when it exists
     slot_lost: bool = False  # wal_status = 'lost' (invalidated)
+    slot_invalidation: str | None = None  # why, as Postgres says (PG 17+)
     # the observed timeline's history: (timeline, LSN where the next one began), oldest
     # first (``TIMELINE_HISTORY``; empty on timeline 1)
     history: tuple[tuple[int, int], ...] = ()
@@ -149,10 +150,9 @@ def _break(record: StreamRecord | None, observed: ObservedStream) -> str | None:
             "failover)"
         )
     if observed.slot_lost:
-        return (
-            f"replication slot '{slot}' was invalidated (wal_status 'lost'): Postgres removed "
-            "WAL it still needed"
-        )
+        why = INVALIDATIONS.get(observed.slot_invalidation or "wal_removed")
+        said = observed.slot_invalidation or "wal_status 'lost'"
+        return f"replication slot '{slot}' was invalidated ({said}): {why or 'Postgres says so'}"
     confirmed = observed.confirmed_flush_lsn
     if confirmed is not None and confirmed > record.sent_flush_lsn:
         return (
@@ -161,6 +161,14 @@ def _break(record: StreamRecord | None, observed: ObservedStream) -> str | None:
             "recreated, advanced, or consumed by another client"
         )
     return None
+
+
+INVALIDATIONS = {
+    "wal_removed": "Postgres removed WAL it still needed (max_slot_wal_keep_size)",
+    "idle_timeout": "it was unused longer than idle_replication_slot_timeout",
+    "rows_removed": "the primary removed catalog rows it still needed",
+    "wal_level_insufficient": "wal_level on the primary was lowered below logical",
+}
 
 
 def _fork(record: StreamRecord | None, observed: ObservedStream, held: int) -> str | None:

@@ -628,7 +628,9 @@ def observed_stream(
         slot=slot,
         slot_exists=state is not None,
         confirmed_flush_lsn=None if state is None else state.confirmed_flush_lsn,
-        slot_lost=state is not None and state.wal_status == "lost",
+        slot_lost=state is not None
+        and (state.wal_status == "lost" or state.invalidation_reason is not None),
+        slot_invalidation=None if state is None else state.invalidation_reason,
         history=history,
     )
 

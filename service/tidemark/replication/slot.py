@@ -55,6 +55,7 @@ class SlotState:
     restart_lsn: int | None
     wal_status: str | None
     safe_wal_size: int | None
+    invalidation_reason: str | None = None  # PG 17+ (e.g. idle_timeout on 18)
 
 
 def _lsn(value: object) -> int | None:
@@ -319,8 +320,9 @@ async def slot_state(
     row = await (
         await conn.execute(
             "select slot_name, plugin, database, active_pid, confirmed_flush_lsn::text,"
-            " restart_lsn::text, wal_status, safe_wal_size"
-            " from pg_replication_slots where slot_name = %s",
+            " restart_lsn::text, wal_status, safe_wal_size,"
+            " to_jsonb(s) ->> 'invalidation_reason'"
+            " from pg_replication_slots s where slot_name = %s",
             (slot,),
         )
     ).fetchone()
@@ -335,7 +337,13 @@ async def slot_state(
         restart_lsn=_lsn(row[5]),
         wal_status=row[6],  # type: ignore[arg-type]
         safe_wal_size=row[7],  # type: ignore[arg-type]
+        invalidation_reason=None if row[8] is None else str(row[8]),
     )
+
+
+async def drop_slot(conn: psycopg.AsyncConnection[tuple[object, ...]], slot: str) -> None:
+    """Drop a replication slot nobody uses (an invalidated one, before it is recreated)."""
+    await conn.execute("select pg_drop_replication_slot(%s)", (slot,))
 
 
 def check_slot_usable(state: SlotState, slot: str, dbname: str) -> None:

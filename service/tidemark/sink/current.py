@@ -756,7 +756,7 @@ def _commit(
         synced.new_folder(table.path / "_delta_log", table.path.parent.parent)
         overwrite = False  # a new table: nothing to replace
     synced.sync()
-    fence.check_table(fencing.table_epoch(dt), f"the current table of shape '{table.shape}'")
+    fence.check_snapshot(dt, f"the current table of shape '{table.shape}'")
     before = dt.version()
     now = int(time.time() * 1000)
     removes = [] if overwrite else [RemoveAction(p, True, now, s, {}) for p, s in removed]

@@ -35,7 +35,7 @@ def _table_paths(root: Path) -> Iterable[Path]:
                 yield path
 
 
-def mark_table(path: Path, epoch: int) -> bool:
+def mark_table(path: Path, epoch: int, app_id: str = EPOCH_APP) -> bool:
     """Commit the epoch mark to one table (False: no table there, or it is newer)."""
     try:
         # (what a power loss left at the log's end first: the mark goes after it)
@@ -48,7 +48,7 @@ def mark_table(path: Path, epoch: int) -> bool:
     for attempt in range(MARK_ATTEMPTS):
         if attempt:  # a commit of the old leader landed first: mark on top of it
             dt.update_incremental()
-        marked = table_epoch(dt)
+        marked = table_epoch(dt, app_id)
         if marked is not None and marked >= epoch:
             return False
         before = dt.version()
@@ -59,7 +59,7 @@ def mark_table(path: Path, epoch: int) -> bool:
                 schema=dt.schema(),
                 commit_properties=CommitProperties(
                     custom_metadata={"tidemark.operation": "epoch", "tidemark.epoch": str(epoch)},
-                    app_transactions=[Transaction(EPOCH_APP, epoch)],
+                    app_transactions=[Transaction(app_id, epoch)],
                 ),
             )
         except CommitFailedError:
@@ -74,11 +74,16 @@ def mark_table(path: Path, epoch: int) -> bool:
     )
 
 
-def mark_tables(root: str | Path, epoch: int, paths: Sequence[Path] | None = None) -> int:
+def mark_tables(
+    root: str | Path,
+    epoch: int,
+    paths: Sequence[Path] | None = None,
+    app_id: str = EPOCH_APP,
+) -> int:
     """Mark every table under ``root`` (changelog and current tables) with ``epoch``:
     from now on a commit of an older epoch is refused by each. Returns how many."""
     tables = list(_table_paths(Path(root))) if paths is None else list(paths)
     if not tables:
         return 0
     with ThreadPoolExecutor(min(MARK_THREADS, len(tables))) as pool:
-        return sum(pool.map(lambda p: mark_table(p, epoch), tables))
+        return sum(pool.map(lambda p: mark_table(p, epoch, app_id), tables))

@@ -698,7 +698,7 @@ class ShapeTable:
         lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
         epoch = fencing.current().epoch
         if epoch is not None:  # the leader's mark (tidemark.fencing)
-            mark = {"appId": fencing.EPOCH_APP, "version": epoch, "lastUpdated": now}
+            mark = {"appId": fencing.current().app_id, "version": epoch, "lastUpdated": now}
             lines.append(json.dumps({"txn": mark}, separators=(",", ":")))
         return ("\n".join(lines) + "\n").encode()
 
@@ -761,7 +761,7 @@ class ShapeTable:
         """Remember ``dt``'s version as the newest the handle knows (just updated or
         committed through it), if the table lets appends be written directly; a
         version marked by a newer leader is never known (``Deposed``)."""
-        fencing.current().check_table(fencing.table_epoch(dt), self._where)
+        fencing.current().check_snapshot(dt, self._where)
         protocol = dt.protocol()
         if not self._direct or protocol.min_writer_version > 2 or protocol.writer_features:
             self._head = None
@@ -928,7 +928,7 @@ class ShapeTable:
         fence = fencing.current()
         # refused when a newer leader marked the snapshot this commit is built on; the
         # commit carries our mark, so a mark that lands meanwhile makes it a conflict
-        fence.check_table(fencing.table_epoch(dt), self._where)
+        fence.check_snapshot(dt, self._where)
         before = dt.version()
         dt.create_write_transaction(
             [*removes, *adds],
@@ -997,7 +997,7 @@ class ShapeTable:
         with self._lock:
             dt = self.table()
             dt.update_incremental()
-            fencing.current().check_table(fencing.table_epoch(dt), self._where)
+            fencing.current().check_snapshot(dt, self._where)
             small = [(p, n) for p, n in self._active_files(dt) if n < target_size // 2]
             bins: list[list[tuple[str, int]]] = [[]]
             size = 0
@@ -1048,7 +1048,7 @@ class ShapeTable:
                 with contextlib.suppress(FileNotFoundError):
                     os.utime(self.path / f.path, (now, now))
             dt = self.table()
-            fencing.current().check_table(fencing.table_epoch(dt), self._where)
+            fencing.current().check_snapshot(dt, self._where)
             before = dt.version()
             deleted = dt.vacuum(
                 retention_hours=retention_hours,
