@@ -21,8 +21,10 @@ event loop resumes. The *epoch* stops it:
   and the write is not covered: the bound on those writes is the lease deadline below
   for a leader that runs, and nothing for one frozen exactly there (documented);
 - a leader that cannot confirm its lease within ``[lease] deadline_s`` suspends every
-  write (``suspend``: writes fail and are retried, nothing is acknowledged) until it
-  confirms the lease again with its own epoch still the newest (``resume``); when
+  write (``suspend``: a write off the event loop waits for the lease, up to
+  ``SUSPENDED_WAIT_S``, then fails and is retried; one on the loop fails at once;
+  nothing is acknowledged) until it confirms the lease again with its own epoch still
+  the newest (``resume``); when
   another instance holds the lease or the epoch moved on, it is deposed: every write
   is refused from then on and the service exits with status 1 (``lease.deposed``).
 
@@ -33,6 +35,7 @@ false``) there is no epoch and nothing is checked.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -50,6 +53,8 @@ log = structlog.get_logger("tidemark.fencing")
 
 EPOCH_APP: Final = "tidemark-epoch"
 LEADER_FILE: Final = "_tidemark/leader.json"
+# how long a write off the event loop waits for a suspended lease to be confirmed
+SUSPENDED_WAIT_S: Final = 30.0
 RESTART: Final = (
     " (restarted by its supervisor it stands by; if no other tidemark should run on "
     "this slot and sink root, find the one that took over)"
@@ -117,6 +122,8 @@ class Fence:
         self.suspended: str | None = None
         self._listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
+        self._settled = threading.Event()  # not suspended (set) or deposed: no wait
+        self._settled.set()
 
     @property
     def active(self) -> bool:
@@ -134,7 +141,7 @@ class Fence:
         if self.deposed is not None:
             raise Deposed(self.deposed)
         if self.suspended is not None:
-            raise LeaseUnconfirmed(self.suspended)
+            self._await_resume()
         assert self.root is not None
         newest = read_epoch(self.root, self.instance)
         if newest > self.epoch:
@@ -188,6 +195,7 @@ class Fence:
             first = self.deposed is None
             if first:
                 self.deposed = reason
+        self._settled.set()  # (writers waiting on a suspension learn it now)
         if first:
             log.error("lease.deposed", epoch=self.epoch, reason=reason)
             for listener in self._listeners:
@@ -195,10 +203,29 @@ class Fence:
                     listener(reason)
         raise Deposed(reason)
 
+    def _await_resume(self) -> None:
+        """A write made while the lease is unconfirmed: off the event loop it waits (a
+        pause, usually of a second or two: the lease is taken back) up to
+        ``SUSPENDED_WAIT_S``; on the event loop, whose task confirms the lease, it
+        fails at once. Either way ``LeaseUnconfirmed`` if not resumed, ``Deposed`` if
+        a newer leader came meanwhile."""
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        if not on_loop:
+            self._settled.wait(SUSPENDED_WAIT_S)
+        if self.deposed is not None:
+            raise Deposed(self.deposed)
+        if self.suspended is not None:
+            raise LeaseUnconfirmed(self.suspended)
+
     def suspend(self, reason: str) -> None:
         if self.suspended is None:
             log.warning("lease.writes_suspended", epoch=self.epoch, reason=reason)
         self.suspended = reason
+        self._settled.clear()
 
     def resume(self) -> None:
         """The lease is confirmed again: writes go on if no newer leader came meanwhile."""
@@ -208,6 +235,7 @@ class Fence:
                 self.check()
             if self.deposed is None:
                 log.info("lease.writes_resumed", epoch=self.epoch)
+        self._settled.set()
 
 
 _current = Fence()

@@ -44,7 +44,10 @@ def test_a_table_marked_newer_deposes(tmp_path: Path) -> None:
         fence.check_table(2, "the table of shape 't'")
 
 
-def test_suspended_writes_fail_until_resumed(tmp_path: Path) -> None:
+def test_suspended_writes_fail_until_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fencing, "SUSPENDED_WAIT_S", 0.05)
     fence = fencing.Fence(tmp_path, fencing.advance(tmp_path, "me"))
     fence.suspend("lease not confirmed")
     with pytest.raises(fencing.LeaseUnconfirmed):
@@ -79,3 +82,43 @@ def test_a_cleanup_is_skipped_once_deposed(tmp_path: Path) -> None:
     finally:
         fencing.install(fencing.Fence())
     assert fence.deposed is not None
+
+
+def test_a_write_off_the_loop_waits_for_the_lease_and_one_on_it_does_not(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+    import threading
+
+    fence = fencing.Fence(tmp_path, fencing.advance(tmp_path, "me"))
+    fence.suspend("lease not confirmed")
+    outcome: list[object] = []
+    writer = threading.Thread(target=lambda: outcome.append(fence.check()))
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive() and not outcome  # waiting, not failed
+
+    async def on_the_loop() -> None:
+        with pytest.raises(fencing.LeaseUnconfirmed):
+            fence.check()
+
+    asyncio.run(on_the_loop())
+    fence.resume()
+    writer.join(5)
+    assert outcome == [None]
+    # a writer waiting when the leader is deposed learns it at once
+    fence.suspend("lease not confirmed")
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            fence.check()
+        except fencing.Deposed as exc:
+            failed.append(exc)
+
+    second = threading.Thread(target=write)
+    second.start()
+    with pytest.raises(fencing.Deposed):
+        fence.depose("a newer leader")
+    second.join(5)
+    assert len(failed) == 1
