@@ -151,6 +151,16 @@ def listing(root: Path) -> dict[str, tuple[int, int, bytes | None]]:
     return out
 
 
+def _task_output(path: str) -> bool:
+    """A file a Spark task writes (data, its checksum, its commit protocol's marks),
+    never a log entry or a state file."""
+    parts = path.split("/")
+    if "_delta_log" in parts or parts[0] == "_tidemark":
+        return False
+    name = parts[-1]
+    return name.endswith((".parquet", ".crc")) or name == "_SUCCESS" or "_temporary" in parts
+
+
 def signal_tree(pid: int, sig: signal.Signals) -> None:
     for child in [pid, *descendants(pid)]:
         try:
@@ -253,12 +263,14 @@ def test_a_leader_deposed_while_alive_writes_nothing_and_exits(
         text = logs[0].read_text()
         assert code == 1, tail(logs[0])
         assert "lease.deposed" in text or "was lost" in text, tail(logs[0])
-        changed = {
-            path: (before.get(path), after.get(path))
-            for path in before.keys() | after.keys()
-            if before.get(path) != after.get(path)
-        }
-        assert not changed, f"the deposed leader wrote under the root: {sorted(changed)}"
+        changed = sorted(
+            path for path in before.keys() | after.keys() if before.get(path) != after.get(path)
+        )
+        # data files its Spark tasks were already writing when it froze may still land
+        # (new files no commit names: vacuum removes them); nothing else may change
+        in_flight = [p for p in changed if p not in before and _task_output(p)]
+        wrote = [p for p in changed if p not in in_flight]
+        assert not wrote, f"the deposed leader wrote under the root: {wrote}"
         # the stream goes on under the new leader
         workload.stop.set()
         workload.join(timeout=30)
@@ -279,6 +291,7 @@ def test_a_leader_deposed_while_alive_writes_nothing_and_exits(
         if new is not None:
             stop_service(new, logs[1])
     refused = text.count("Deposed")
+    print(f"files of tasks in flight that landed after the takeover: {len(in_flight)}")
     print(f"workload: {workload.transactions} transactions; epochs {old_epoch} -> {new_epoch}")
     print(f"the deposed leader's log names the refusal {refused} times")
     for shape, query in TRUTH.items():
