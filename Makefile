@@ -69,7 +69,7 @@ fuse:
 test-fast: setup
 	$(PYTEST) tests/unit -q -p no:cacheprovider
 
-# Real Postgres (embedded PG 16 and, if installed, the system's PG 15) and a real Spark.
+# Real Postgres (embedded PG 16, the system's PG 15 if installed, PG 18 for some modules) and a real Spark.
 test-integration: setup
 	$(PYTEST) tests/integration -q -p no:cacheprovider
 
