@@ -631,6 +631,7 @@ class ShapeTable:
         with self._lock:
             if self._head is None:
                 return None
+        fencing.check()  # (a deposed leader leaves not even a temp file behind)
         temp = self.log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
         with open(temp, "xb") as fh:
             fh.write(self._entry(files, _custom(files, end_lsn, metadata), end_lsn))
@@ -719,6 +720,7 @@ class ShapeTable:
         if prepared is not None:
             temp = prepared
         else:
+            fencing.check()
             temp = log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
             # synced before it gets its name: a log entry on disk is always whole (its
             # folder is synced by the caller, with the other tables' of the round)

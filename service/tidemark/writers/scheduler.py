@@ -110,7 +110,15 @@ def _prepare_round(
 ) -> tuple[list[tuple[SyncSet, Path | None]], dict[int, SinkError]]:
     """A round's first sync step: each member's log entry written (``prepared_sync``),
     then its files and entry synced with every other member's in one group."""
-    prepared = [prepared_sync(w.table, b, files) for w, b, files in ready]
+    prepared: list[tuple[SyncSet, Path | None]] = []
+    try:
+        for w, b, files in ready:
+            prepared.append(prepared_sync(w.table, b, files))
+    except BaseException:  # (e.g. deposed): no entry of this round is left behind
+        for _, entry in prepared:
+            if entry is not None:
+                entry.unlink(missing_ok=True)
+        raise
     parts = [(w.table, b, p[0]) for (w, b, _), p in zip(ready, prepared, strict=True)]
     return prepared, sync_group(parts)
 
