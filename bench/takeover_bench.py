@@ -42,7 +42,12 @@ SHAPES = [
 
 
 def _env(dsn: str, root: Path, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
+    # (not the Spark Connect mode pyspark sets in this process once the cluster
+    # section's Connect session was built: the services run classic local Spark)
+    connect = {"SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_") and k not in connect
+    }
     env.update(
         {
             "PYTHONPATH": str(ROOT / "service"),
