@@ -20,7 +20,7 @@ from psycopg import sql
 
 from tidemark.errors import ShapeError
 from tidemark.lsn import Lsn
-from tidemark.shapes.predicate import MAX_PREDICATE_DEPTH, MAX_PREDICATE_TOKENS
+from tidemark.predicates.compiler import MAX_PREDICATE_DEPTH, MAX_PREDICATE_TOKENS
 from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from tidemark.errors import ShapeError
 from tidemark.pgoutput import messages as m
 from tidemark.pgoutput.decoder import PgOutputDecoder
-from tidemark.shapes.predicate import (
+from tidemark.predicates.compiler import (
     CompiledPredicate,
     PredicateEvaluationError,
     compile_predicate,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tidemark.errors import ShapeError
 from tidemark.pgoutput.messages import RelationColumn
-from tidemark.shapes.predicate import (
+from tidemark.predicates.compiler import (
     CompiledPredicate,
     PredicateEvaluationError,
     compile_predicate,

@@ -14,14 +14,14 @@ import pytest
 
 from tidemark.errors import ShapeError
 from tidemark.pgoutput.messages import RelationColumn
-from tidemark.shapes.model import ShapeDefinition
-from tidemark.shapes.predicate import (
+from tidemark.predicates.compiler import (
     MAX_PREDICATE_DEPTH,
     MAX_PREDICATE_TOKENS,
     compile_predicate,
     parse_predicate,
     predicate_sql,
 )
+from tidemark.shapes.model import ShapeDefinition
 
 COLUMNS = (
     RelationColumn("id", 23, -1, True),

@@ -14,13 +14,13 @@ import pytest
 
 from tidemark.errors import ProtocolError, ShapeError
 from tidemark.pgoutput.messages import RelationColumn
-from tidemark.shapes.operators import lower, upper
-from tidemark.shapes.predicate import (
+from tidemark.predicates.compiler import (
     CompiledPredicate,
     PredicateEvaluationError,
     compile_predicate,
     parse_predicate,
 )
+from tidemark.predicates.operators import lower, upper
 
 COLUMNS = (
     RelationColumn("i2", 21, -1, False),

@@ -97,7 +97,7 @@ TableName = tuple[str, str]  # (schema, table), exactly as the catalog spells th
 
 
 def _table_text(table: TableName) -> str:
-    from tidemark.shapes.identifiers import format_identifier
+    from tidemark.predicates.identifiers import format_identifier
 
     return ".".join(format_identifier(part) for part in table)
 

@@ -32,7 +32,7 @@ resolve every Relation from the stream with the same ``domain_bases`` so that
 domains, arrays of them, and what they are made of) are described by ``read_types``
 (``CatalogTable.types``); the bound shape keeps that description, so its writers
 give enums, composites and ranges their lake types (``pgoutput.values.pgtype``).
-A predicate may read only the types listed in ``tidemark.shapes.predicate`` (after
+A predicate may read only the types listed in ``tidemark.predicates.compiler`` (after
 domain resolution); enums, ranges, composite types, json, intervals and the like are
 refused there with the type's name. Projected columns of a type without a mapping
 are accepted and reach the lake as their Postgres text output (lossless, but a string
@@ -58,10 +58,10 @@ from tidemark.pgoutput.values.pgtype import (
     TypeCatalog,
     describe,
 )
-from tidemark.shapes.identifiers import format_identifier
+from tidemark.predicates.identifiers import format_identifier
+from tidemark.predicates.sqltypes import SCALARS, sql_type
 from tidemark.shapes.model import BoundShape, ShapeDefinition, bind
 from tidemark.shapes.partitions import Member, identity_problem, read_tree
-from tidemark.shapes.sqltypes import SCALARS, sql_type
 
 _DEFAULT_COLLATION: Final = 100
 _KIND_NAMES: Final = {

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from tidemark.pgoutput.values.pgtype import PgType, declared_numeric, declared_text
-from tidemark.shapes.identifiers import format_identifier, parse_identifiers
+from tidemark.predicates.identifiers import format_identifier, parse_identifiers
 
 _NUMERIC: Final = re.compile(
     r"\s*(?:numeric|decimal)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*\Z", re.IGNORECASE

@@ -63,14 +63,14 @@ from pydantic import (
 from tidemark.errors import ShapeError
 from tidemark.pgoutput.messages import Relation, RelationColumn, TupleData, Value
 from tidemark.pgoutput.values.pgtype import NO_TYPES, TypeCatalog, is_described, resolve_domain
-from tidemark.shapes.column_casts import ColumnCast, format_column, parse_column
-from tidemark.shapes.identifiers import format_identifier, parse_identifiers, quote_identifier
-from tidemark.shapes.predicate import (
+from tidemark.predicates.compiler import (
     CompiledPredicate,
     ParsedPredicate,
     compile_predicate,
     parse_predicate,
 )
+from tidemark.predicates.identifiers import format_identifier, parse_identifiers, quote_identifier
+from tidemark.shapes.column_casts import ColumnCast, format_column, parse_column
 
 _SHAPE_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}\Z")
 

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import psycopg
 
-from tidemark.shapes.identifiers import format_identifier
+from tidemark.predicates.identifiers import format_identifier
 
 _TREE: Final = """
 with recursive tree(relid, parent, link) as (

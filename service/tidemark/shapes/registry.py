@@ -50,8 +50,8 @@ from typing import Any, Final, Literal
 from tidemark import fencing
 from tidemark.durable import remove_stale_temporaries, write_atomically
 from tidemark.errors import ConfigError, ShapeError, TidemarkError
+from tidemark.predicates.compiler import predicate_sql
 from tidemark.shapes.model import ShapeDefinition
-from tidemark.shapes.predicate import predicate_sql
 
 Origin = Literal["config", "api"]
 FORMAT_VERSION: Final = 1

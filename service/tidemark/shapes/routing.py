@@ -32,8 +32,8 @@ from typing import Any
 
 from tidemark.errors import ProtocolError, ShapeError
 from tidemark.pgoutput.messages import UNCHANGED_TOAST, Relation, TupleData
+from tidemark.predicates.compiler import EqualityTerm
 from tidemark.shapes.model import BoundShape, ShapeResync, rebind
-from tidemark.shapes.predicate import EqualityTerm
 
 _Candidates = tuple[tuple[BoundShape, Callable[[TupleData], bool] | None], ...]
 _Lookup = tuple[int, bool, Callable[[bytes], Any] | None, dict[Any, _Candidates]]

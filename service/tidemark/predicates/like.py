@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 
 from tidemark.errors import ShapeError
-from tidemark.shapes.operators import lower, lower_c
+from tidemark.predicates.operators import lower, lower_c
 
 
 def like_matcher(

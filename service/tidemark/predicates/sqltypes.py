@@ -37,8 +37,8 @@ from typing import Any, Final
 
 from tidemark.errors import ShapeError
 from tidemark.pgoutput import values
-from tidemark.shapes.operators import INT_CHECK, OutOfRange, f4, numeric_typmod
-from tidemark.shapes.temporal import END_OF_DAY, NEG_INFINITY, POS_INFINITY, TemporalExtreme
+from tidemark.predicates.operators import INT_CHECK, OutOfRange, f4, numeric_typmod
+from tidemark.predicates.temporal import END_OF_DAY, NEG_INFINITY, POS_INFINITY, TemporalExtreme
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ from __future__ import annotations
 from sqlglot import exp
 
 from tidemark.errors import ShapeError
-from tidemark.shapes.casts import CastTarget, cast_function, cast_target
-from tidemark.shapes.codegen import (
+from tidemark.predicates.casts import CastTarget, cast_function, cast_target
+from tidemark.predicates.codegen import (
     Apply,
     ArrayBuild,
     Call,
@@ -33,11 +33,11 @@ from tidemark.shapes.codegen import (
     Node,
     StrictTest,
 )
-from tidemark.shapes.comparison import Nullif, converter
-from tidemark.shapes.like import like_matcher
-from tidemark.shapes.operators import lower, lower_c, upper, upper_c
-from tidemark.shapes.predicate_parse import ARITHMETIC, unsupported
-from tidemark.shapes.sqltypes import (
+from tidemark.predicates.comparison import Nullif, converter
+from tidemark.predicates.like import like_matcher
+from tidemark.predicates.operators import lower, lower_c, upper, upper_c
+from tidemark.predicates.parse import ARITHMETIC, unsupported
+from tidemark.predicates.sqltypes import (
     BOOL,
     BPCHAR,
     FLOAT4,
@@ -50,7 +50,7 @@ from tidemark.shapes.sqltypes import (
     array_of,
     text_key,
 )
-from tidemark.shapes.typer import BooleanTyper, number_literal
+from tidemark.predicates.typer import BooleanTyper, number_literal
 
 
 class Typer(BooleanTyper):

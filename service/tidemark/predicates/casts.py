@@ -25,7 +25,7 @@ from typing import Any, Final
 from sqlglot import exp
 
 from tidemark.errors import ShapeError
-from tidemark.shapes.operators import (
+from tidemark.predicates.operators import (
     INT_CHECK,
     bool_text,
     f4,
@@ -34,7 +34,7 @@ from tidemark.shapes.operators import (
     numeric_to_int,
     numeric_typmod,
 )
-from tidemark.shapes.sqltypes import (
+from tidemark.predicates.sqltypes import (
     BOOL,
     BPCHAR,
     BYTEA,
@@ -57,7 +57,7 @@ from tidemark.shapes.sqltypes import (
     length_limited,
     text_key,
 )
-from tidemark.shapes.temporal import date_text, date_ts, timestamp_date
+from tidemark.predicates.temporal import date_text, date_ts, timestamp_date
 
 
 @dataclass(frozen=True, slots=True)

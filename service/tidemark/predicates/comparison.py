@@ -24,9 +24,9 @@ from datetime import date
 from typing import Any, Final
 
 from tidemark.errors import ShapeError
-from tidemark.shapes.codegen import CodeGen, ColumnValue, Const, Node, StrictTest
-from tidemark.shapes.operators import nan_eq, nan_ge, nan_gt, nan_le, nan_lt, nan_ne, nkey
-from tidemark.shapes.sqltypes import (
+from tidemark.predicates.codegen import CodeGen, ColumnValue, Const, Node, StrictTest
+from tidemark.predicates.operators import nan_eq, nan_ge, nan_gt, nan_le, nan_lt, nan_ne, nkey
+from tidemark.predicates.sqltypes import (
     BOOL,
     FLOAT8,
     NUMERIC,
@@ -36,7 +36,7 @@ from tidemark.shapes.sqltypes import (
     SqlType,
     text_key,
 )
-from tidemark.shapes.temporal import date_ts
+from tidemark.predicates.temporal import date_ts
 
 _PY_OPS: Final = {"=": "==", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _NAN_OPS: Final = {

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, ROUND_HALF_UP, Context, Decimal
 from typing import Any, Final
 
-from tidemark.shapes.temporal import date_ts
+from tidemark.predicates.temporal import date_ts
 
 _ASCII_LOWER: Final = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _ASCII_UPPER: Final = str.maketrans(string.ascii_lowercase, string.ascii_uppercase)

@@ -16,7 +16,7 @@ templates, integers and these names, so nothing a user writes becomes code.
 Strict functions (``Apply``, ``Call``, ``StrictTest``) evaluate every argument, then
 return NULL if one is NULL, as Postgres does for strict functions. ``Logic`` (AND/OR)
 follows Kleene logic and short-circuits left to right. Comparisons live in
-``tidemark.shapes.comparison``.
+``tidemark.predicates.comparison``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, Final
 
 from tidemark.pgoutput import values
 from tidemark.pgoutput.messages import RelationColumn
-from tidemark.shapes import temporal
-from tidemark.shapes.operators import RUNTIME, f4
-from tidemark.shapes.sqltypes import (
+from tidemark.predicates import temporal
+from tidemark.predicates.operators import RUNTIME, f4
+from tidemark.predicates.sqltypes import (
     BOOL,
     BPCHAR,
     FLOAT4,

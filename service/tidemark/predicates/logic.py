@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tidemark.shapes.codegen import CodeGen, Node
-from tidemark.shapes.sqltypes import BOOL
+from tidemark.predicates.codegen import CodeGen, Node
+from tidemark.predicates.sqltypes import BOOL
 
 
 class Not(Node):

@@ -2,7 +2,7 @@
 
 ``parse_predicate(text, table)`` promises that the returned ``ParsedPredicate`` holds
 one expression built only from the constructs the compiler supports (the node types in ``_ALLOWED``;
-the list is in ``tidemark.shapes.predicate``), with every column reference reduced
+the list is in ``tidemark.predicates.compiler``), with every column reference reduced
 to one quoted identifier holding its exact catalog name (unquoted names folded to
 lower case, a qualifier naming the shape's own table dropped). Anything else raises
 ``ShapeError`` naming the construct and, where there is one, the alternative:
@@ -18,7 +18,7 @@ or larger predicates raise ``ShapeError`` giving the limit, so no stage after th
 (sqlglot's parser, the typer, the code generator, Python's compiler) meets a tree
 deeper than it can take.
 
-Types are not looked at here; ``tidemark.shapes.typer`` does that against a table's
+Types are not looked at here; ``tidemark.predicates.typer`` does that against a table's
 columns. The tree is mutated only while parsing (``$$...$$`` strings become plain
 literals, comments are dropped), never afterwards.
 """
@@ -34,7 +34,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from tidemark.errors import ShapeError
-from tidemark.shapes.identifiers import fold_identifier
+from tidemark.predicates.identifiers import fold_identifier
 
 MAX_PREDICATE_DEPTH: Final = 32
 MAX_PREDICATE_TOKENS: Final = 50_000

@@ -87,7 +87,7 @@ Decisions where Python and Postgres could differ (each one is tested):
   text use the ISO style. Text is assumed to be UTF-8.
 
 Where each part lives (this module is the public face and re-exports the names
-callers use): ``predicate_parse`` (form), ``sqltypes`` (types, literal input),
+callers use): ``parse`` (form), ``sqltypes`` (types, literal input),
 ``typer`` and ``typer_values`` (typing), ``comparison``, ``casts``, ``like`` and
 ``temporal`` (Postgres's rules for those), ``codegen`` and ``logic`` (typed nodes to
 Python source), ``operators`` (what the generated code calls), ``identifiers``.
@@ -106,18 +106,18 @@ from sqlglot import exp
 
 from tidemark.errors import ShapeError
 from tidemark.pgoutput.messages import RelationColumn
-from tidemark.shapes.codegen import CodeGen, ColumnValue, Const, Node, first_error
-from tidemark.shapes.comparison import Compare, InSet, canonical_text
-from tidemark.shapes.identifiers import fold_identifier, quote_identifier
-from tidemark.shapes.logic import Logic
-from tidemark.shapes.operators import INT_RANGE
-from tidemark.shapes.predicate_parse import (
+from tidemark.predicates.codegen import CodeGen, ColumnValue, Const, Node, first_error
+from tidemark.predicates.comparison import Compare, InSet, canonical_text
+from tidemark.predicates.identifiers import fold_identifier, quote_identifier
+from tidemark.predicates.logic import Logic
+from tidemark.predicates.operators import INT_RANGE
+from tidemark.predicates.parse import (
     MAX_PREDICATE_DEPTH,
     MAX_PREDICATE_TOKENS,
     ParsedPredicate,
     parse_predicate,
 )
-from tidemark.shapes.sqltypes import (
+from tidemark.predicates.sqltypes import (
     BOOL,
     BPCHAR,
     BYTEA,
@@ -141,7 +141,7 @@ from tidemark.shapes.sqltypes import (
     text_key,
     type_name,
 )
-from tidemark.shapes.typer_values import Typer
+from tidemark.predicates.typer_values import Typer
 
 __all__ = [
     "BOOL",

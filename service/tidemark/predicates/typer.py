@@ -1,6 +1,6 @@
 """Typing a predicate against a table, part 1: literals, columns, logic and comparisons.
 
-``BooleanTyper`` walks a validated sqlglot tree (``predicate_parse``) and builds typed
+``BooleanTyper`` walks a validated sqlglot tree (``parse``) and builds typed
 nodes (``codegen``, ``logic``, ``comparison``), following Postgres's rules wherever
 the result depends on them:
 
@@ -37,7 +37,7 @@ from sqlglot import exp
 
 from tidemark.errors import ShapeError
 from tidemark.pgoutput.messages import RelationColumn
-from tidemark.shapes.codegen import (
+from tidemark.predicates.codegen import (
     AnyAll,
     Apply,
     Call,
@@ -49,7 +49,7 @@ from tidemark.shapes.codegen import (
     StrictTest,
     first_error,
 )
-from tidemark.shapes.comparison import (
+from tidemark.predicates.comparison import (
     REVERSED,
     Compare,
     Distinct,
@@ -58,11 +58,11 @@ from tidemark.shapes.comparison import (
     converter,
     element_test,
 )
-from tidemark.shapes.identifiers import quote_identifier
-from tidemark.shapes.logic import IsBool, IsNull, Logic, Not
-from tidemark.shapes.operators import EVAL_ERRORS, INT_RANGE, RUNTIME, flat
-from tidemark.shapes.predicate_parse import ANY_ALL_NAMES, COMPARISONS, unsupported
-from tidemark.shapes.sqltypes import (
+from tidemark.predicates.identifiers import quote_identifier
+from tidemark.predicates.logic import IsBool, IsNull, Logic, Not
+from tidemark.predicates.operators import EVAL_ERRORS, INT_RANGE, RUNTIME, flat
+from tidemark.predicates.parse import ANY_ALL_NAMES, COMPARISONS, unsupported
+from tidemark.predicates.sqltypes import (
     BOOL,
     INT4,
     INT8,
