@@ -13,8 +13,8 @@ changelog) and ``_lsn``, the commit LSN of the row's last change. No ``_kind``,
 A row lives in bucket ``pmod(hash(primary key), buckets)`` (Spark's Murmur3 hash),
 one file per bucket. A *refresh* reads the changelog rows past the table's LSN (the
 files whose ``_lsn`` statistics reach past it), finds the buckets their keys fall
-in, folds them onto those buckets' rows (``tidemark.read.fold_onto``: the same fold
-as ``read.fold``, TOAST carry included) and writes only those buckets again: one
+in, folds them onto those buckets' rows (``tidemark.sink.fold.fold_onto``: the same fold
+as ``fold.fold``, TOAST carry included) and writes only those buckets again: one
 Delta commit removes their old files and adds the new ones. A truncate in the tail
 rewrites every bucket. A changelog rebuilt from a snapshot since (a resync: the
 changelog's *generation* moved on) rebuilds the table from the whole changelog;
@@ -61,6 +61,7 @@ from deltalake.transaction import RemoveAction
 from tidemark import fencing
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
+from tidemark.sink.fold import TRUNCATE, fold, fold_onto, snapshot_rows
 from tidemark.sink.schema import (
     LSN,
     METADATA_NAMES,
@@ -402,8 +403,6 @@ def _refresh_bucketed(
 ) -> RefreshResult:
     from pyspark.sql import functions as F
 
-    from tidemark.read import TRUNCATE, fold_onto, snapshot_rows
-
     table, view, target, old = plan.table, plan.view, plan.target, plan.old
     rebuild = plan.rebuilds(buckets)
     after, upto = plan.after, plan.upto
@@ -544,8 +543,6 @@ def _refresh_together(
     """One Spark job folds every plan's table and tail (a whole rewrite of each, kept as
     one file), with the shape as a column; then each shape's commit."""
     from pyspark.sql import functions as F
-
-    from tidemark.read import fold, snapshot_rows
 
     started = time.perf_counter()
     first = plans[0]
