@@ -43,6 +43,7 @@ from pydantic_settings.exceptions import SettingsError
 from tidemark.conninfo import redact_dsn, redact_text
 from tidemark.errors import ConfigError
 from tidemark.replication.slot import check_name
+from tidemark.settings_problems import check_environment, explain_json_error, explain_validation
 
 
 class _Section(BaseModel):
@@ -438,19 +439,13 @@ def load_settings(
         if not Path(path).exists():
             raise ConfigError(f"config file {path} does not exist")
         os.environ["TIDEMARK_CONFIG"] = path
-    from tidemark.settings_problems import (
-        check_environment,
-        explain_json_error,
-        explain_validation,
-    )
-
     try:
-        check_environment(os.environ)
+        check_environment(Settings, os.environ)
         file = config_path()
         try:
             settings = Settings(**overrides)
         except ValidationError as exc:
-            raise ConfigError(explain_validation(exc, file, os.environ)) from None
+            raise ConfigError(explain_validation(Settings, exc, file, os.environ)) from None
         except SettingsError as exc:
             raise ConfigError(explain_json_error(exc, os.environ)) from None
     finally:

@@ -7,7 +7,9 @@ valid ones and suggests the nearest (``slto`` -> ``slot``); a ``TIDEMARK_*``
 variable that names no section (``TIDEMARK_SORCE__DSN``) or is one letter away from
 a setting (``TIDEMARK_SHAPE``) is refused too, so a typo never leaves a setting at
 its default without a word. Variables that are not settings (``TIDEMARK_CONFIG``,
-``TIDEMARK_URL``, the tests' own) are left alone.
+``TIDEMARK_URL``, the tests' own) are left alone. The settings model is given by the
+caller (``tidemark.config.Settings``): this module reads pydantic models, not
+tidemark's own, so the settings import it and not the other way round.
 """
 
 from __future__ import annotations
@@ -17,21 +19,32 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 from pydantic_settings.exceptions import SettingsError
 
-from tidemark.config import Settings, ShapeSettings
 from tidemark.errors import ConfigError
 
 # TIDEMARK_* variables that are not settings (read by the CLI, the tests, ...)
 NOT_SETTINGS = frozenset({"config", "url"})
-SECTIONS: Mapping[str, type[BaseModel]] = {
-    name: field.annotation
-    for name, field in Settings.model_fields.items()
-    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-}
+
+
+def _model(annotation: Any) -> type[BaseModel] | None:
+    """The settings model a field holds: itself, or the items of a list of them."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _sections(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """The ``[section]`` tables of ``model``: its fields that are models themselves."""
+    return {
+        name: field.annotation
+        for name, field in model.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    }
 
 
 def _nearest(name: str, choices: Any) -> str:
@@ -39,21 +52,22 @@ def _nearest(name: str, choices: Any) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def check_environment(environ: Mapping[str, str]) -> None:
-    """Refuse TIDEMARK_* variables that look like settings but name none."""
+def check_environment(model: type[BaseModel], environ: Mapping[str, str]) -> None:
+    """Refuse TIDEMARK_* variables that look like settings of ``model`` but name none."""
     problems = []
-    fields = Settings.model_fields
+    fields = model.model_fields
+    sections = _sections(model)
     for key in sorted(environ):
         if not key.upper().startswith("TIDEMARK_"):
             continue
         name = key[len("TIDEMARK_") :].lower()
         section, nested, _ = name.partition("__")
         if nested and section not in fields:
-            close = difflib.get_close_matches(section, list(SECTIONS), n=1, cutoff=0.6)
+            close = difflib.get_close_matches(section, list(sections), n=1, cutoff=0.6)
             hint = f"; did you mean TIDEMARK_{close[0].upper()}__{key.split('__', 1)[1]}?"
             problems.append(
                 f"  environment variable {key}: there is no settings section {section!r}"
-                + (hint if close else f" (sections: {', '.join(SECTIONS)})")
+                + (hint if close else f" (sections: {', '.join(sections)})")
             )
         elif not nested and name not in fields and name not in NOT_SETTINGS:
             close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.8)
@@ -89,13 +103,14 @@ def _where(loc: tuple[Any, ...]) -> str:
     return f"[{loc[0]}]"
 
 
-def _valid_keys(loc: tuple[Any, ...]) -> list[str]:
-    if loc[0] == "shapes":
-        return list(ShapeSettings.model_fields)
-    return list(SECTIONS[str(loc[0])].model_fields)
+def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    inner = _model(model.model_fields[str(loc[0])].annotation)
+    return list(inner.model_fields) if inner is not None else []
 
 
-def explain_validation(exc: ValidationError, file: Path | None, environ: Mapping[str, str]) -> str:
+def explain_validation(
+    model: type[BaseModel], exc: ValidationError, file: Path | None, environ: Mapping[str, str]
+) -> str:
     lines = ["invalid configuration:"]
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -103,12 +118,12 @@ def explain_validation(exc: ValidationError, file: Path | None, environ: Mapping
         if err["type"] == "extra_forbidden" and len(loc) == 1:
             name = str(loc[0])
             lines.append(
-                f"  unknown section or key {name!r}{_nearest(name, Settings.model_fields)} "
-                f"(valid: {', '.join(Settings.model_fields)}) ({origin})"
+                f"  unknown section or key {name!r}{_nearest(name, model.model_fields)} "
+                f"(valid: {', '.join(model.model_fields)}) ({origin})"
             )
             continue
         if err["type"] == "extra_forbidden":
-            name, valid = str(loc[-1]), _valid_keys(loc)
+            name, valid = str(loc[-1]), _valid_keys(model, loc)
             lines.append(
                 f"  unknown setting {name!r} in {_where(loc)}{_nearest(name, valid)} "
                 f"(valid keys: {', '.join(valid)}) ({origin})"
