@@ -42,7 +42,6 @@ import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,8 @@ import structlog
 from tidemark import durable, fencing, systemd
 from tidemark.aio import wait_event
 from tidemark.allocators import return_freed_memory
+from tidemark.api.port import Progress
+from tidemark.api.server import serve
 from tidemark.config import Settings, load_settings
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
@@ -89,15 +90,6 @@ FRAGMENT_CHANGES = 10_000  # backpressure check at least this often inside a bat
 FRAGMENT_BYTES = 4 * 1024 * 1024  # ... and at least every this many bytes received
 AUDIT_EVERY_S = 30.0  # tables' transaction versions checked against the writers
 AUDIT_TABLES_PER_ROUND = 50
-
-
-@dataclass
-class Progress:
-    received_lsn: int = 0
-    flushed_lsn: int = 0
-    applied_lsn: int = 0
-    durable_lsn: int | None = None
-    frontiers: dict[str, int] = field(default_factory=dict)
 
 
 class Service:
@@ -384,7 +376,6 @@ class Service:
                 period_s=settings.monitor.period_s,
                 on_violation=self._on_violation,
             )
-            from tidemark.api.server import serve
 
             async with asyncio.TaskGroup() as group:
                 tasks = [
@@ -430,7 +421,6 @@ class Service:
         then end the old leader's walsender and read the state it left. False if
         stopped meanwhile."""
         assert self.lease is not None
-        from tidemark.api.server import serve
 
         if await self.lease.try_acquire():  # the usual case: nobody else runs
             log.info("lease.acquired", slot=self.settings.source.slot)

@@ -57,10 +57,10 @@ from tidemark.lsn import Lsn
 from tidemark.shapes.model import ShapeDefinition
 
 if TYPE_CHECKING:
-    from tidemark.app import Service
+    from tidemark.api.port import ServiceView
 
 log = structlog.get_logger("tidemark.api")
-SERVICE: web.AppKey[Service] = web.AppKey("service")
+SERVICE: web.AppKey[ServiceView] = web.AppKey("service")
 MAX_WAIT_S = 300.0
 MUTATIONS: web.AppKey[asyncio.Lock] = web.AppKey("mutations")
 
@@ -214,7 +214,7 @@ async def remove_shape(request: web.Request) -> web.Response:
         return web.Response(status=204)
 
 
-def progress_json(service: Service) -> dict[str, Any]:
+def progress_json(service: ServiceView) -> dict[str, Any]:
     p = service.progress()
     sample = service.monitor.state.last if service.monitor else None
     pg = None
@@ -247,7 +247,7 @@ def progress_json(service: Service) -> dict[str, Any]:
     }
 
 
-def memory_json(service: Service) -> dict[str, Any] | None:
+def memory_json(service: ServiceView) -> dict[str, Any] | None:
     """Buffered bytes against the budget, what left memory early, streamed transactions."""
     scheduler = service.scheduler
     if scheduler is None:
@@ -312,7 +312,7 @@ async def wait_progress(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if sample is not None else 504)
 
 
-def build_app(service: Service) -> web.Application:
+def build_app(service: ServiceView) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=64 * 1024)
     app[SERVICE] = service
     app[MUTATIONS] = asyncio.Lock()
@@ -329,7 +329,7 @@ def build_app(service: Service) -> web.Application:
     return app
 
 
-async def serve(service: Service) -> None:
+async def serve(service: ServiceView) -> None:
     """Serve the API until cancelled."""
     http = service.settings.http
     runner = web.AppRunner(build_app(service), access_log=None)

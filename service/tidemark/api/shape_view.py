@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tidemark.lsn import format_lsn
 
 if TYPE_CHECKING:
-    from tidemark.app import Service
+    from tidemark.api.port import ServiceView
     from tidemark.stalls import Stall
 
 
@@ -66,7 +66,7 @@ def not_ready_reason(
 
 
 def shape_json(
-    service: Service, name: str, stalls: dict[str, Stall] | None = None
+    service: ServiceView, name: str, stalls: dict[str, Stall] | None = None
 ) -> dict[str, Any]:
     """One shape as ``GET /v1/shapes/{name}`` shows it (``stalls``: computed once per
     request when listing every shape)."""
@@ -125,7 +125,7 @@ def shape_json(
     }
 
 
-def current_json(service: Service, name: str, frontier: int | None) -> dict[str, Any] | None:
+def current_json(service: ServiceView, name: str, frontier: int | None) -> dict[str, Any] | None:
     """The shape's current-state table: the LSN it is folded through, how far that is
     behind the frontier, and how long the oldest unfolded change has waited."""
     keeper = service.keeper
@@ -142,7 +142,7 @@ def current_json(service: Service, name: str, frontier: int | None) -> dict[str,
     }
 
 
-def continuity_json(service: Service, name: str) -> dict[str, Any]:
+def continuity_json(service: ServiceView, name: str) -> dict[str, Any]:
     """Since when, and from which stream position, the shape's table is continuous;
     the stream it follows; and the last time its claim ended, and why."""
     store = service.store
