@@ -37,9 +37,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidemark import read
-from tidemark.sink import current
+from tidemark.sink.delta import current
+from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.schema import ColumnSpec, table_schema
-from tidemark.sink.table import ShapeTable
 from tidemark.spark import build_session
 
 COLUMNS = [ColumnSpec("id", 20), ColumnSpec("name", 25), ColumnSpec("amount", 20)]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tidemark.flush.tracker import CommitFragment, FlushTracker
 from tidemark.lsn import LogOffset
+from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.schema import ColumnSpec, table_schema
-from tidemark.sink.table import ShapeTable
 from tidemark.spark import build_session
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 from tidemark.writers.writer import ShapeWriter

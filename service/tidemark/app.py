@@ -75,10 +75,10 @@ from tidemark.replication.client import (
 from tidemark.replication.monitor import ReplicationMonitor, Violation
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapeset import ShapeSet, ShapeStatus
-from tidemark.sink.current import current_path
-from tidemark.sink.epochs import mark_tables
+from tidemark.sink.delta.current import current_path
+from tidemark.sink.delta.epochs import mark_tables
+from tidemark.sink.delta.table import table_path
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
-from tidemark.sink.table import table_path
 from tidemark.stalls import Stall, StallWatch
 from tidemark.upkeep import CurrentKeeper
 from tidemark.writers.job import CommitResult
@@ -485,7 +485,7 @@ class Service:
         """The highest LSN of the stream this process received and holds: the newest
         transaction seen, and each claimed shape's committed offset (from its table
         at start). Compared with where a new timeline forked (``continuity.rule``)."""
-        from tidemark.sink.table import ShapeTable
+        from tidemark.sink.delta.table import ShapeTable
 
         held = max(0, self.tracker.last_seen_offset.tx_offset)
         writers = self.scheduler.writers if self.scheduler is not None else {}

@@ -360,7 +360,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def cmd_read(args: argparse.Namespace) -> int:
     from tidemark import read
     from tidemark.errors import SinkError
-    from tidemark.sink.table import ShapeTable
+    from tidemark.sink.delta.table import ShapeTable
     from tidemark.spark import build_session
 
     settings = _settings(args)

@@ -8,8 +8,9 @@ event loop resumes. The *epoch* stops it:
 - ``<root>/_tidemark/leader.json`` holds a number that every new leader raises by one
   (synced) once it holds the lease, before it reads or writes anything else
   (``advance``);
-- then it marks every table under the root with it (``sink.epochs.mark_tables``): a Delta commit
-  holding only the application transaction ``tidemark-epoch`` at the new number;
+- then it marks every table under the root with it (``sink.delta.epochs.mark_tables``):
+  a Delta commit holding only the application transaction ``tidemark-epoch`` at the
+  new number;
 - every commit tidemark makes carries that application transaction at its own epoch
   (``Fence.app_transactions``) and is refused before it is written when the table's
   is newer (``Fence.check_table``). The check reads the snapshot the commit is built

@@ -15,7 +15,7 @@ before that snapshot: reading it as of an earlier LSN is refused (``current`` an
 ``snapshot``), rather than answered with part of the rows.
 
 ``current`` reads mostly pre-folded rows: the shape's current-state table
-(``<root>/current/<shape>``, ``tidemark.sink.current``) as of its LSN ``C``, plus the
+(``<root>/current/<shape>``, ``tidemark.sink.delta.current``) as of its LSN ``C``, plus the
 fold of the changelog rows after ``C`` onto it (``fold_onto``), so it stays exact up
 to the frontier and costs what the table and the tail cost, not the whole history.
 An ``as_of`` before ``C`` reads the current table's version at or before ``as_of``
@@ -32,11 +32,11 @@ from typing import Any
 
 from tidemark.errors import SinkError
 from tidemark.lsn import format_lsn
-from tidemark.sink.current import CurrentTable, current_schema
+from tidemark.sink.delta.current import CurrentTable, current_schema
+from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.fold import fold, fold_onto, snapshot_rows
 from tidemark.sink.frontiers import load_frontiers
 from tidemark.sink.schema import LSN, spark_schema
-from tidemark.sink.table import ShapeTable
 
 
 def changelog(spark: Any, root: str | Path, shape: str) -> Any:

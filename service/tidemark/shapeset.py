@@ -68,9 +68,9 @@ from tidemark.shapes.catalog import (
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
 from tidemark.shapes.partitions import Member, fingerprint, has_rows, read_tree, tree_changes
 from tidemark.shapes.registry import ShapeRegistry
+from tidemark.sink.delta.table import ShapeTable, set_aside
 from tidemark.sink.frontiers import instance_states, state_dir
 from tidemark.sink.schema import ColumnSpec, column_specs, table_schema
-from tidemark.sink.table import ShapeTable, set_aside
 from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter
 

@@ -1,7 +1,7 @@
 """Keeping each shape's current-state table folded, and its tables cheap to read.
 
 ``CurrentKeeper`` runs beside the writers in the service. A shape's current table
-(``tidemark.sink.current``) is refreshed when ``[current] refresh_s`` passed since
+(``tidemark.sink.delta.current``) is refreshed when ``[current] refresh_s`` passed since
 its last refresh and rows were committed since (a backfill's or resync's snapshot
 counts: the table is then built or rebuilt from it; so does a shape's first
 ``refresh_s`` after start, to find out), or when ``refresh_rows`` rows wait to be
@@ -37,7 +37,7 @@ import structlog
 
 from tidemark import fencing
 from tidemark.durable import full_disk
-from tidemark.sink import current
+from tidemark.sink.delta import current
 from tidemark.spark import in_background
 from tidemark.writers.job import default_parallelism
 
@@ -285,7 +285,7 @@ class CurrentKeeper:
     def measure(self, name: str) -> None:
         """Files and log entries since the newest checkpoint of both tables (a shape
         whose table does not exist yet gets 0)."""
-        from tidemark.sink.table import table_path
+        from tidemark.sink.delta.table import table_path
 
         for kind, path in (
             ("changelog", table_path(self.root, name)),
@@ -312,7 +312,7 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
     need) and clean both tables' expired Delta log entries."""
     from deltalake import DeltaTable
 
-    from tidemark.sink.table import ShapeTable, entries_sync
+    from tidemark.sink.delta.table import ShapeTable, entries_sync
 
     changelog = ShapeTable(root, shape)
     table = current.CurrentTable(root, shape)

@@ -46,7 +46,7 @@ def fold(url: str, root: str, dsn: str, truth: dict[str, str]) -> dict[str, obje
 def refreshed_together(
     spark: object, root: str, dsn: str, truth: dict[str, str]
 ) -> dict[str, object]:
-    from tidemark.sink import current
+    from tidemark.sink.delta import current
 
     done = current.refresh_many(spark, root, list(truth), buckets=4)
     return {
@@ -58,7 +58,7 @@ def refreshed_together(
 
 
 def refreshed_equals(spark: object, root: str, shape: str, query: str, dsn: str) -> bool:
-    from tidemark.sink import current
+    from tidemark.sink.delta import current
 
     current.refresh(spark, root, shape, buckets=4)
     return read_equals(root, shape, query, dsn)
@@ -68,7 +68,7 @@ def read_equals(root: str, shape: str, query: str, dsn: str) -> bool:
     import psycopg
     from deltalake import DeltaTable
 
-    from tidemark.sink import current
+    from tidemark.sink.delta import current
     from tidemark.verify import normalise
 
     rows = DeltaTable(str(current.current_path(root, shape))).to_pyarrow_table().to_pylist()
@@ -80,8 +80,8 @@ def read_equals(root: str, shape: str, query: str, dsn: str) -> bool:
 
 def write(url: str, root: str, rows: int) -> dict[str, object]:
     from tests.integration.sink_support import ITEM_COLUMNS
+    from tidemark.sink.delta.table import ShapeTable
     from tidemark.sink.schema import table_schema
-    from tidemark.sink.table import ShapeTable
     from tidemark.spark import arrow_parts, build_session, is_connect
     from tidemark.writers.job import write_arrow
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from tidemark.flush.tracker import CommitFragment, FlushTracker
 from tidemark.lsn import LogOffset
+from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.schema import ColumnSpec, table_schema
-from tidemark.sink.table import ShapeTable
 from tidemark.writers.writer import ShapeWriter
 
 ITEM_COLUMNS = [ColumnSpec("id", 23), ColumnSpec("name", 25), ColumnSpec("big", 25)]

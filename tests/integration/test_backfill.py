@@ -19,8 +19,8 @@ from deltalake import DeltaTable
 from tidemark.backfill import reader, runner
 from tidemark.errors import ShapeError
 from tidemark.shapes.model import ShapeDefinition
+from tidemark.sink.delta.table import ShapeTable, table_path
 from tidemark.sink.schema import ColumnSpec, table_schema
-from tidemark.sink.table import ShapeTable, table_path
 from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase

@@ -239,7 +239,7 @@ async def test_a_failing_resync_is_retried_and_a_restart_does_not_resume_it(
 async def test_a_second_schema_change_during_a_backfill_supersedes_it(
     pg_db: PgDatabase, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tidemark.sink.table import ShapeTable
+    from tidemark.sink.delta.table import ShapeTable
 
     make_items(pg_db, 3_000)
     settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
@@ -408,7 +408,7 @@ async def test_a_commit_streamed_before_it_is_visible_is_not_lost_by_a_new_snaps
 async def test_a_resync_after_a_type_or_key_change_replaces_the_table_schema(
     pg_db: PgDatabase, spark: Any, tmp_path: Path
 ) -> None:
-    from tidemark.sink.table import ShapeTable
+    from tidemark.sink.delta.table import ShapeTable
 
     make_items(pg_db, 1_000)
     settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
@@ -447,7 +447,7 @@ async def test_a_ready_shape_frontier_covers_its_snapshot_and_older_reads_are_re
     pg_db: PgDatabase, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tidemark.errors import SinkError
-    from tidemark.sink.table import ShapeTable
+    from tidemark.sink.delta.table import ShapeTable
 
     make_items(pg_db, 2_000)
     lagging = {"name": "lagging", "table": "public.items", "where": "score < 50"}

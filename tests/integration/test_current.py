@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from tidemark import read
 from tidemark.errors import SinkError
-from tidemark.sink import current
+from tidemark.sink.delta import current
+from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.schema import ColumnSpec, table_schema
-from tidemark.sink.table import ShapeTable
 
 COLUMNS = [ColumnSpec("id", 23), ColumnSpec("name", 25), ColumnSpec("big", 25)]
 SCHEMA = table_schema(COLUMNS)

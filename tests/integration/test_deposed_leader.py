@@ -38,7 +38,7 @@ from deltalake import DeltaTable
 from tidemark.embedded import free_port
 from tidemark.fencing import read_epoch
 from tidemark.lsn import format_lsn
-from tidemark.sink.table import table_path
+from tidemark.sink.delta.table import table_path
 from tidemark.verify import compare_shape
 
 from .conftest import ONE_SERVER, PgDatabase

@@ -215,8 +215,8 @@ async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_
 
     from tidemark import read
     from tidemark.errors import SinkError
-    from tidemark.sink.current import CurrentTable
-    from tidemark.sink.table import ShapeTable
+    from tidemark.sink.delta.current import CurrentTable
+    from tidemark.sink.delta.table import ShapeTable
 
     await arun(pg_db, SCHEMA)
     settings = settings_for(

@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 
 from tidemark.embedded import free_port
 from tidemark.lsn import Lsn
-from tidemark.sink.table import table_path
+from tidemark.sink.delta.table import table_path
 from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase

@@ -26,7 +26,7 @@ from tidemark.app import Service
 from tidemark.embedded import free_port
 from tidemark.lease import LeaderLease, LeaseLost
 from tidemark.lsn import format_lsn
-from tidemark.sink.table import table_path
+from tidemark.sink.delta.table import table_path
 from tidemark.verify import compare_shape
 
 from .conftest import ONE_SERVER, PgDatabase

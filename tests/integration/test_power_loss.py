@@ -203,8 +203,8 @@ def check_acknowledged_survived(root: Path, markers: list[int]) -> int:
     or of the current table once retention dropped it from the changelog). Tables are
     recovered as the service does at start. Returns how many shapes were checked."""
     from tidemark.continuity.store import ContinuityStore
-    from tidemark.sink.current import CurrentTable
-    from tidemark.sink.table import ShapeTable
+    from tidemark.sink.delta.current import CurrentTable
+    from tidemark.sink.delta.table import ShapeTable
 
     store = ContinuityStore(root)
     wanted = {MARKER_BASE + n for n in markers}

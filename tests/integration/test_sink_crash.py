@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from tidemark.embedded import die_with_parent
-from tidemark.sink.table import ShapeTable
+from tidemark.sink.delta.table import ShapeTable
 
 from .crash_writer import SHAPES, TXNS, expected_rows, lsn_of
 from .sink_support import rows_of

@@ -32,8 +32,8 @@ from tests.crashfs import CrashFS, require_crashfs
 from tidemark import durable, read
 from tidemark.api.server import shape_json
 from tidemark.shapes.model import ShapeDefinition
-from tidemark.sink import current
-from tidemark.sink.table import ShapeTable
+from tidemark.sink.delta import current
+from tidemark.sink.delta.table import ShapeTable
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
 from .conftest import PgDatabase, one_server

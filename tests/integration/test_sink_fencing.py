@@ -31,8 +31,8 @@ from deltalake.transaction import AddAction
 
 from tidemark.app import Service
 from tidemark.errors import WriterFenced
+from tidemark.sink.delta.table import DataFile, ShapeTable
 from tidemark.sink.schema import ColumnSpec, table_schema
-from tidemark.sink.table import DataFile, ShapeTable
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, settings_for, wait_frontiers
@@ -268,11 +268,11 @@ def test_a_commit_of_an_older_epoch_is_refused_whichever_way_it_is_written(
     tmp_path: Path,
 ) -> None:
     """A leader (epoch 1) that knows a table's head commits directly; a newer leader
-    (epoch 2) marks the table (``sink.epochs``); every later commit of the old one,
+    (epoch 2) marks the table (``sink.delta.epochs``); every later commit of the old one,
     direct or through the library, is refused before it is written, and the fence
     stays shut for it (``Deposed``)."""
     from tidemark import fencing
-    from tidemark.sink.epochs import mark_tables
+    from tidemark.sink.delta.epochs import mark_tables
 
     root = str(tmp_path)
     deposed: list[str] = []
@@ -319,7 +319,7 @@ def test_a_mark_racing_an_older_leaders_commit_makes_it_a_conflict(tmp_path: Pat
     same application id as the mark, so the library refuses it (and the mark, if the
     old commit won the race, goes on top of it)."""
     from tidemark import fencing
-    from tidemark.sink.epochs import mark_table
+    from tidemark.sink.delta.epochs import mark_table
 
     root = str(tmp_path)
     try:

@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from tidemark.embedded import free_port
 from tidemark.embedded_spark import ConnectServer, StandaloneCluster
 from tidemark.lsn import format_lsn
-from tidemark.sink.table import table_path
+from tidemark.sink.delta.table import table_path
 from tidemark.spark import CONNECT_JOB_BYTES
 
 from .conftest import ONE_SERVER, PgDatabase

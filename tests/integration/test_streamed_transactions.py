@@ -19,7 +19,7 @@ import psycopg
 
 from tidemark.embedded import free_port
 from tidemark.lsn import format_lsn
-from tidemark.sink.table import table_path
+from tidemark.sink.delta.table import table_path
 from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase

@@ -15,8 +15,8 @@ import pytest
 from deltalake import DeltaTable
 
 from tidemark.errors import TableDamaged
+from tidemark.sink.delta.table import ShapeTable, set_aside
 from tidemark.sink.schema import LSN, OP
-from tidemark.sink.table import ShapeTable, set_aside
 
 SCHEMA = pa.schema([("id", pa.int64()), (LSN, pa.int64()), (OP, pa.int64())])
 

@@ -32,7 +32,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tidemark import read
-from tidemark.sink.table import table_path
+from tidemark.sink.delta.table import table_path
 
 from .conftest import PgServer, drop_database
 from .service_support import current_lsn, running_service, settings_for

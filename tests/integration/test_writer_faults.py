@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tidemark.api.server import shape_json
-from tidemark.sink.table import ShapeTable
+from tidemark.sink.delta.table import ShapeTable
 
 from .conftest import PgDatabase, one_server
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers

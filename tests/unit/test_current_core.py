@@ -13,8 +13,8 @@ import pytest
 
 from tidemark.config import Settings
 from tidemark.observability import Metrics
-from tidemark.sink import current
-from tidemark.sink.current import (
+from tidemark.sink.delta import current
+from tidemark.sink.delta.current import (
     ChangelogFile,
     ChangelogView,
     RefreshPoint,

@@ -527,8 +527,8 @@ def test_a_domain_column_the_stream_names_by_its_domain_is_the_same_column() -> 
 
 
 def test_a_table_whose_column_has_another_type_refuses_the_batch(tmp_path: Path) -> None:
+    from tidemark.sink.delta.table import ShapeTable
     from tidemark.sink.schema import ColumnSpec
-    from tidemark.sink.table import ShapeTable
     from tidemark.writers.job import check_column_types
 
     table = ShapeTable(tmp_path, "old")

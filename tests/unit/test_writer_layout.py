@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tidemark.lsn import LogOffset
+from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.schema import ColumnSpec
-from tidemark.sink.table import ShapeTable
 from tidemark.writers.arrow_batch import build_table
 from tidemark.writers.writer import ShapeWriter
 

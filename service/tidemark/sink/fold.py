@@ -12,7 +12,7 @@ The fold ("current state as of LSN L") of a changelog:
 ``fold`` folds a changelog frame; ``snapshot_rows`` turns a folded state back into
 changelog rows that fold before any stream row, and ``fold_onto`` applies a tail of
 changelog rows to such a state, folding only the keys the tail touches. Readers
-(``tidemark.read``) and the current-state tables (``tidemark.sink.current``) use the
+(``tidemark.read``) and the current-state tables (``tidemark.sink.delta.current``) use the
 same fold, so they cannot disagree.
 """
 

@@ -459,7 +459,7 @@ class ShapeTable:
     def generation(self, dt: DeltaTable | None = None) -> int:
         """How many times the table was rebuilt from a snapshot (a backfill or resync
         commit counts one up): a current-state table folded from an older generation
-        is rebuilt (``tidemark.sink.current``). 0 for tables made before it was kept."""
+        is rebuilt (``tidemark.sink.delta.current``). 0 for tables made before it was kept."""
         return self._app_version(GENERATION_PREFIX + self.shape, dt) or 0
 
     def retained_lsn(self, generation: int, dt: DeltaTable | None = None) -> int | None:

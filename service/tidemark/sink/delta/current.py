@@ -61,6 +61,7 @@ from deltalake.transaction import RemoveAction
 from tidemark import fencing
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
+from tidemark.sink.delta.table import DataFile, ShapeTable, describe_file, entries_sync, recover_log
 from tidemark.sink.fold import TRUNCATE, fold, fold_onto, snapshot_rows
 from tidemark.sink.schema import (
     LSN,
@@ -70,7 +71,6 @@ from tidemark.sink.schema import (
     spark_schema,
     with_primary_key,
 )
-from tidemark.sink.table import DataFile, ShapeTable, describe_file, entries_sync, recover_log
 
 log = structlog.get_logger("tidemark.current")
 
