@@ -312,7 +312,8 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
     need) and clean both tables' expired Delta log entries."""
     from deltalake import DeltaTable
 
-    from tidemark.sink.delta.table import ShapeTable, entries_sync
+    from tidemark.sink.delta.log import entries_sync
+    from tidemark.sink.delta.table import ShapeTable
 
     changelog = ShapeTable(root, shape)
     table = current.CurrentTable(root, shape)

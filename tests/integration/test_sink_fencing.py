@@ -31,7 +31,8 @@ from deltalake.transaction import AddAction
 
 from tidemark.app import Service
 from tidemark.errors import WriterFenced
-from tidemark.sink.delta.table import DataFile, ShapeTable
+from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink.files import DataFile
 from tidemark.sink.schema import ColumnSpec, table_schema
 
 from .conftest import PgDatabase

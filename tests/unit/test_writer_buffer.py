@@ -8,7 +8,7 @@ import pytest
 from tidemark.errors import SinkError
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput.messages import UNCHANGED_TOAST
-from tidemark.sink.delta.table import DataFile
+from tidemark.sink.files import DataFile
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.writers.arrow_batch import PG_EPOCH_US, build_table
 from tidemark.writers.buffer import ShapeBuffer

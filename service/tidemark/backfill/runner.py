@@ -78,7 +78,7 @@ from tidemark.backfill.reader import (
 )
 from tidemark.shapes.model import BoundShape
 from tidemark.shapes.partitions import fingerprint
-from tidemark.sink.delta.table import DataFile
+from tidemark.sink.files import DataFile
 from tidemark.spark import in_background
 from tidemark.writers.arrow_batch import snapshot_table
 from tidemark.writers.buffer import SpooledTxn

@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput.messages import Value
-from tidemark.sink.delta.table import DataFile
+from tidemark.sink.files import DataFile
 from tidemark.sink.schema import ColumnSpec
 
 ROW_OVERHEAD = 96  # bytes per buffered row beyond its values (lists, tuple, ints)

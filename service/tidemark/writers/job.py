@@ -32,7 +32,8 @@ from tidemark import fencing
 from tidemark.durable import SyncFailed, SyncSet
 from tidemark.errors import SinkError
 from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
-from tidemark.sink.delta.table import DataFile, ShapeTable
+from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink.files import DataFile
 from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema
 from tidemark.spark import arrow_parts, is_connect
 from tidemark.writers.arrow_batch import PG_EPOCH_US, build_table

@@ -48,7 +48,7 @@ from tidemark import fencing
 from tidemark.aio import wait_event
 from tidemark.durable import SyncSet, full_disk
 from tidemark.errors import SinkError, WriterFenced
-from tidemark.sink.delta.table import DataFile
+from tidemark.sink.files import DataFile
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
 from tidemark.writers.cadence import Cadence, round_share
 from tidemark.writers.job import (

@@ -31,7 +31,8 @@ import pyarrow as pa
 from tidemark.flush.alignment import TxnAlignment
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput.messages import Value
-from tidemark.sink.delta.table import DataFile, ShapeTable
+from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink.files import DataFile
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.writers.buffer import Batch, ShapeBuffer
 from tidemark.writers.memory import Charge

@@ -61,7 +61,9 @@ from deltalake.transaction import RemoveAction
 from tidemark import fencing
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
-from tidemark.sink.delta.table import DataFile, ShapeTable, describe_file, entries_sync, recover_log
+from tidemark.sink.delta.log import add_action, entries_sync, recover_log
+from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink.files import DataFile, describe_file
 from tidemark.sink.fold import TRUNCATE, fold, fold_onto, snapshot_rows
 from tidemark.sink.schema import (
     LSN,
@@ -731,7 +733,7 @@ def _commit(
             *fence.app_transactions(),  # a newer leader's mark meanwhile: a conflict
         ],
     )
-    adds = [f.add_action() for f in added]
+    adds = [add_action(f) for f in added]
     # the files before the entry that names them, the entry before this returns: a
     # refresh is durable before retention drops the changelog rows it folds
     synced = SyncSet()

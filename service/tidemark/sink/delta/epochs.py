@@ -17,7 +17,7 @@ from deltalake.exceptions import CommitFailedError
 
 from tidemark.errors import SinkError
 from tidemark.fencing import EPOCH_APP, table_epoch
-from tidemark.sink.delta.table import entries_sync, recover_log
+from tidemark.sink.delta.log import entries_sync, recover_log
 
 log = structlog.get_logger("tidemark.sink.epochs")
 

@@ -76,7 +76,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -85,19 +84,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import RemoveAction
 
 from tidemark import fencing
-from tidemark.durable import SyncSet, make_dirs, publish_new, sync_folder, write_synced
+from tidemark.durable import SyncSet, make_dirs, publish_new, write_synced
 from tidemark.errors import SinkError, TableDamaged, WriterFenced
-from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
+from tidemark.sink.delta.log import add_action, add_entry, entries_sync, recover_log
+from tidemark.sink.files import DataFile, describe_file, file_stats
+from tidemark.sink.schema import OP, primary_key_of, with_primary_key
 
 log = structlog.get_logger("tidemark.sink")
 
@@ -115,33 +115,6 @@ def app_id_for(shape: str, epoch: int = 1) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class DataFile:
-    """A Parquet file inside a table folder, ready to be added by a commit."""
-
-    path: str  # relative to the table root, '/'-separated
-    size: int
-    num_rows: int
-    modification_time_ms: int
-    stats: str  # Delta statistics JSON
-
-    def add_action(self, *, data_change: bool = True) -> AddAction:
-        return AddAction(
-            self.path, self.size, {}, self.modification_time_ms, data_change, self.stats
-        )
-
-    def add_entry(self) -> dict[str, Any]:
-        """The Delta log's ``add`` action for this file (the appends written directly)."""
-        return {
-            "path": self.path,
-            "partitionValues": {},
-            "size": self.size,
-            "modificationTime": self.modification_time_ms,
-            "dataChange": True,
-            "stats": self.stats,
-        }
-
-
-@dataclass(frozen=True, slots=True)
 class _Head:
     """What a handle knows of the log's newest version: an append may write the next
     version directly (see the module docstring)."""
@@ -151,171 +124,12 @@ class _Head:
     checkpoint_interval: int
 
 
-def describe_file(table_root: Path, rel_path: str) -> DataFile:
-    """A Parquet file at ``rel_path`` under a table's folder, described for a commit
-    (size, time, row count and ``_lsn``/``_op`` statistics from its footer)."""
-    path = table_root / rel_path
-    st = path.stat()
-    rows, stats = _file_stats(path)
-    return DataFile(rel_path, st.st_size, rows, int(st.st_mtime * 1000), stats)
-
-
 def tables_dir(root: str | Path) -> Path:
     return Path(root) / "tables"
 
 
 def table_path(root: str | Path, shape: str) -> Path:
     return tables_dir(root) / shape
-
-
-def _file_stats(path: Path) -> tuple[int, str]:
-    """Row count and Delta stats (min/max/nulls of ``_lsn``/``_op``) from a footer."""
-    meta = pq.read_metadata(path)
-    names = meta.schema.names
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for column in (LSN, OP):
-        if column not in names:
-            continue
-        idx = names.index(column)
-        lo = hi = None
-        null_count = 0
-        for rg in range(meta.num_row_groups):
-            st = meta.row_group(rg).column(idx).statistics
-            if st is None or not st.has_min_max:
-                lo = hi = None
-                break
-            lo = st.min if lo is None else min(lo, st.min)
-            hi = st.max if hi is None else max(hi, st.max)
-            null_count += st.null_count or 0
-        if lo is not None:
-            mins[column], maxs[column], nulls[column] = lo, hi, null_count
-    stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-    return meta.num_rows, json.dumps(stats)
-
-
-_ENTRY = re.compile(r"[0-9]{20}\.json")
-
-
-def _whole_entry(path: Path) -> bool:
-    """Whether a log entry is whole: not empty, and every line a JSON object."""
-    try:
-        text = path.read_bytes()
-    except OSError:
-        return False
-    if not text.strip():
-        return False
-    try:
-        return all(isinstance(json.loads(line), dict) for line in text.splitlines() if line)
-    except ValueError:
-        return False
-
-
-def _torn_tail_removed(shape: str, log_dir: Path) -> list[int]:
-    """Remove the entries at the end of the log that are not whole; the versions
-    left. A torn entry before a whole one is ``TableDamaged`` (each commit is synced
-    before the next one is written, so a power loss cannot leave that)."""
-    versions = sorted(int(n[:20]) for n in os.listdir(log_dir) if _ENTRY.fullmatch(n))
-    removed = []
-    while versions and not _whole_entry(log_dir / f"{versions[-1]:020d}.json"):
-        version = versions.pop()
-        (log_dir / f"{version:020d}.json").unlink()
-        removed.append(version)
-    if removed:
-        sync_folder(log_dir)
-        log.warning("table.torn_entries_removed", shape=shape, versions=removed)
-    torn = [v for v in versions[-3:] if not _whole_entry(log_dir / f"{v:020d}.json")]
-    if torn:
-        raise TableDamaged(
-            f"shape '{shape}': log entry {torn[0]} of {log_dir} is not whole but later entries are"
-        )
-    return versions
-
-
-def _torn_checkpoints_removed(shape: str, log_dir: Path) -> None:
-    """A checkpoint (or the hint naming one) that is not whole is removed: the entries
-    it summed up are still in the log (tidemark never cleans up entries newer than
-    the newest whole checkpoint)."""
-    removed = []
-    for checkpoint in sorted(log_dir.glob("*.checkpoint*.parquet"), reverse=True):
-        try:
-            pq.read_metadata(checkpoint)
-            break
-        except Exception:
-            checkpoint.unlink()
-            removed.append(checkpoint.name)
-    hint = log_dir / "_last_checkpoint"
-    if hint.exists():
-        try:
-            version = int(json.loads(hint.read_text())["version"])
-            whole = any(log_dir.glob(f"{version:020d}.checkpoint*.parquet"))
-        except (ValueError, KeyError, TypeError, OSError):
-            whole = False
-        if not whole:
-            hint.unlink()
-            removed.append(hint.name)
-    if removed:
-        sync_folder(log_dir)
-        log.warning("table.torn_checkpoints_removed", shape=shape, files=removed)
-
-
-def _entry_adds(entry: Path) -> list[tuple[str, int]]:
-    """The files a log entry adds (relative path, size)."""
-    out = []
-    for line in entry.read_text().splitlines():
-        add = json.loads(line).get("add") if line.strip() else None
-        if add is not None:
-            out.append((unquote(add["path"]), int(add["size"])))
-    return out
-
-
-def entries_sync(log_dir: Path, first: int, last: int) -> SyncSet:
-    """What makes log entries ``first..last`` durable (with a checkpoint among them and
-    the hint that names it): the entries and the log folder."""
-    synced = SyncSet()
-    for version in range(first, last + 1):
-        entry = log_dir / f"{version:020d}.json"
-        if entry.exists():
-            synced.file(entry)
-        for checkpoint in log_dir.glob(f"{version:020d}.checkpoint*.parquet"):
-            synced.file(checkpoint)
-    hint = log_dir / "_last_checkpoint"
-    if hint.exists():
-        synced.file(hint)
-    synced.folder(log_dir)
-    return synced
-
-
-def recover_log(shape: str, path: Path, root: Path) -> int | None:
-    """Repair what a power loss can leave of a Delta table's commits that were never
-    synced, and make the last run's newest commit durable; returns the newest version
-    (None: no table).
-
-    Repaired without asking: log entries at the end of the log that are empty or not
-    whole JSON (a commit whose entry was never synced, so nothing was acknowledged or
-    deleted because of it: removed; the next commit writes that version again), and a
-    checkpoint or ``_last_checkpoint`` hint that is not whole (removed: the entries it
-    summed up are still in the log). Synced: the newest entry, the files it adds, the
-    folders up to ``root`` (a process that crashed between a commit and its sync left
-    them in the page cache only, and the restart would acknowledge them). A torn entry
-    before a whole one, or a sync that fails, is ``SinkError``."""
-    log_dir = path / "_delta_log"
-    if not log_dir.is_dir():
-        return None
-    for stale in log_dir.glob("_commit_*.json.tmp"):  # entries written, never named
-        stale.unlink(missing_ok=True)
-    versions = _torn_tail_removed(shape, log_dir)
-    _torn_checkpoints_removed(shape, log_dir)
-    if not versions:
-        return None  # a creation that never became durable: created again
-    newest = versions[-1]
-    synced = entries_sync(log_dir, newest, newest)
-    for rel, size in _entry_adds(log_dir / f"{newest:020d}.json"):
-        synced.new_file(path / rel, path, size)
-    synced.new_folder(log_dir, root)
-    synced.sync()
-    return newest
 
 
 def set_aside(table: ShapeTable) -> Path:
@@ -584,7 +398,7 @@ class ShapeTable:
             if not entry.name.endswith(".parquet") or entry.name.startswith((".", "_")):
                 continue
             st = entry.stat()
-            rows, stats = _file_stats(Path(entry.path))
+            rows, stats = file_stats(Path(entry.path))
             if rows == 0:
                 continue
             out.append(
@@ -694,7 +508,7 @@ class ShapeTable:
         info |= {k: str(v) for k, v in custom.items()}
         info |= fencing.current().commit_info()
         lines = [json.dumps({"commitInfo": info}, separators=(",", ":"))]
-        lines += [json.dumps({"add": f.add_entry()}, separators=(",", ":")) for f in files]
+        lines += [json.dumps({"add": add_entry(f)}, separators=(",", ":")) for f in files]
         txn = {"appId": self.app_id, "version": end_lsn, "lastUpdated": now}
         lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
         epoch = fencing.current().epoch
@@ -922,7 +736,7 @@ class ShapeTable:
         overwrite that replaces every file and the schema. ``files`` are synced before
         the commit, its log entries after it, before this returns (the library's own
         writes reach the page cache only)."""
-        adds = [f.add_action(data_change=data_change) for f in files]
+        adds = [add_action(f, data_change=data_change) for f in files]
         custom = {"tidemark.rows": str(sum(f.num_rows for f in files))}
         custom |= {k: str(v) for k, v in metadata.items()}
         custom |= fencing.current().commit_info()

@@ -1,0 +1,66 @@
+"""A data file a commit adds, described from its Parquet footer.
+
+Spark writes a batch's files; the sink describes each one (``describe_file``: size,
+time, row count, and the statistics of ``_lsn``/``_op`` a reader prunes by and the
+current-state refresh finds its tail with) and a table format's commit adds it.
+Format-neutral: the statistics JSON is Delta's (``numRecords``, ``minValues``,
+``maxValues``, ``nullCount``), which other formats translate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from tidemark.sink.schema import LSN, OP
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """A Parquet file inside a table folder, ready to be added by a commit."""
+
+    path: str  # relative to the table root, '/'-separated
+    size: int
+    num_rows: int
+    modification_time_ms: int
+    stats: str  # statistics JSON: numRecords, min/max/null counts of _lsn and _op
+
+
+def describe_file(table_root: Path, rel_path: str) -> DataFile:
+    """A Parquet file at ``rel_path`` under a table's folder, described for a commit
+    (size, time, row count and ``_lsn``/``_op`` statistics from its footer)."""
+    path = table_root / rel_path
+    st = path.stat()
+    rows, stats = file_stats(path)
+    return DataFile(rel_path, st.st_size, rows, int(st.st_mtime * 1000), stats)
+
+
+def file_stats(path: Path) -> tuple[int, str]:
+    """Row count and Delta stats (min/max/nulls of ``_lsn``/``_op``) from a footer."""
+    meta = pq.read_metadata(path)
+    names = meta.schema.names
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for column in (LSN, OP):
+        if column not in names:
+            continue
+        idx = names.index(column)
+        lo = hi = None
+        null_count = 0
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(idx).statistics
+            if st is None or not st.has_min_max:
+                lo = hi = None
+                break
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+            null_count += st.null_count or 0
+        if lo is not None:
+            mins[column], maxs[column], nulls[column] = lo, hi, null_count
+    stats = {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return meta.num_rows, json.dumps(stats)
