@@ -15,7 +15,7 @@ ready (its backfill has not committed) is not refreshed: its changelog is not a 
 state yet.
 
 The hourly upkeep (``maintain``) adds, per shape and between its flushes: changelog
-retention (``[sink] changelog_retention_hours``: ``compact_changelog``), vacuum of
+retention (``[sink] changelog_retention_hours``: ``retention.compact_changelog``), vacuum of
 the current table (keeping the version the retained changelog starts from), Delta
 log cleanup of both tables (``cleanup_metadata``: log entries older than the
 table's ``delta.logRetentionDuration`` and before a checkpoint), and the upkeep
@@ -37,7 +37,7 @@ import structlog
 
 from tidemark import fencing
 from tidemark.durable import full_disk
-from tidemark.sink.delta import current
+from tidemark.sink.delta import current, retention
 from tidemark.spark import in_background
 from tidemark.writers.job import default_parallelism
 
@@ -271,7 +271,7 @@ class CurrentKeeper:
                 retained = await asyncio.to_thread(
                     in_background,
                     self.spark,
-                    current.compact_changelog,
+                    retention.compact_changelog,
                     self.spark,
                     self.root,
                     name,
@@ -321,7 +321,9 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
         points = table.points()
         generation = changelog.generation() if changelog.exists() else 0
         retained = changelog.retained_lsn(generation) if changelog.exists() else None
-        hours = current.current_vacuum_hours(points, retained, floor_hours, int(time.time() * 1000))
+        hours = retention.current_vacuum_hours(
+            points, retained, floor_hours, int(time.time() * 1000)
+        )
         dt = table.table()
         where = f"the current table of shape '{shape}'"
         fencing.current().check_snapshot(dt, where)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from tidemark import read
 from tidemark.errors import SinkError
-from tidemark.sink.delta import current
+from tidemark.sink.delta import current, retention
 from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.schema import ColumnSpec, table_schema
 
@@ -203,7 +203,7 @@ def test_current_table_and_reads_equal_the_source_through_refreshes_resyncs_and_
         elif kind == "resync":
             lake.resync()
         elif kind == "retain":
-            done = current.compact_changelog(spark, root, name, 0, now_ms=FAR_FUTURE_MS)
+            done = retention.compact_changelog(spark, root, name, 0, now_ms=FAR_FUTURE_MS)
             if done is not None:
                 lake.oldest_readable = max(lake.oldest_readable, done.retained_lsn)
                 kept = DeltaTable(lake.table.uri).to_pyarrow_table().column("_lsn").to_pylist()

@@ -32,7 +32,7 @@ from tests.crashfs import CrashFS, require_crashfs
 from tidemark import durable, read
 from tidemark.api.server import shape_json
 from tidemark.shapes.model import ShapeDefinition
-from tidemark.sink.delta import current
+from tidemark.sink.delta import current, retention
 from tidemark.sink.delta.table import ShapeTable
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
@@ -147,7 +147,7 @@ async def one_cycle(
                 return
     await asyncio.to_thread(current.refresh_many, spark, root, list(SHAPES), buckets=2)
     for shape in SHAPES:
-        await asyncio.to_thread(current.compact_changelog, spark, root, shape, 0.0)
+        await asyncio.to_thread(retention.compact_changelog, spark, root, shape, 0.0)
         table = ShapeTable(root, shape)
         await asyncio.to_thread(table.compact)
         await asyncio.to_thread(table.vacuum, 0)

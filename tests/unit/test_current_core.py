@@ -21,9 +21,8 @@ from tidemark.sink.delta.current import (
     bucket_dir,
     bucket_of_path,
     current_schema,
-    current_vacuum_hours,
-    retention_boundary,
 )
+from tidemark.sink.delta.retention import current_vacuum_hours, retention_boundary
 from tidemark.sink.schema import ColumnSpec, primary_key_of, table_schema
 from tidemark.upkeep import CurrentKeeper
 
