@@ -75,9 +75,7 @@ from tidemark.replication.client import (
 from tidemark.replication.monitor import ReplicationMonitor, Violation
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapeset import ShapeSet, ShapeStatus
-from tidemark.sink.delta.current import current_path
-from tidemark.sink.delta.epochs import mark_tables
-from tidemark.sink.delta.table import table_path
+from tidemark.sink import table_format
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
 from tidemark.stalls import Stall, StallWatch
 from tidemark.upkeep import CurrentKeeper
@@ -118,6 +116,7 @@ class Service:
         self.tracker = FlushTracker(self._on_durable, clock=time.monotonic)
         self.store = ContinuityStore(settings.sink.root, settings.instance.name)
         self.guard = ContinuityGuard(self.store, settings.source.on_stream_gap, held=self._held_lsn)
+        self.tables = table_format()  # the sink's table format (tidemark.sink.port)
         self.shapeset = ShapeSet(
             settings,
             self.tracker,
@@ -125,6 +124,7 @@ class Service:
             on_change=self._frontiers_changed,
             store=self.store,
             frontier=self._raw_frontier,
+            tables=self.tables,
         )
         self.collector = self.shapeset.collector
         flush = settings.flush
@@ -349,6 +349,7 @@ class Service:
                 self.scheduler,
                 self.metrics,
                 frontier=self.frontier,
+                tables=self.tables,
             )
             self.shapeset.scheduler, self.shapeset.spark = self.scheduler, self.spark
             tables = await self.shapeset.start()
@@ -450,9 +451,8 @@ class Service:
         # the old leader may have changed shapes, claims and the stream record
         self.shapeset.registry.reload()
         names = {r.name for r in self.registry.shapes()} | {s.name for s in self.settings.shapes}
-        tables = [p for n in sorted(names) for p in (table_path(root, n), current_path(root, n))]
         marked = await asyncio.to_thread(
-            mark_tables, root, epoch, [p for p in tables if p.is_dir()], fencing.epoch_app(instance)
+            self.tables.mark, root, epoch, sorted(names), fencing.epoch_app(instance)
         )
         fence = fencing.install(fencing.Fence(root, epoch, instance))
         loop = asyncio.get_running_loop()
@@ -485,8 +485,6 @@ class Service:
         """The highest LSN of the stream this process received and holds: the newest
         transaction seen, and each claimed shape's committed offset (from its table
         at start). Compared with where a new timeline forked (``continuity.rule``)."""
-        from tidemark.sink.delta.table import ShapeTable
-
         held = max(0, self.tracker.last_seen_offset.tx_offset)
         writers = self.scheduler.writers if self.scheduler is not None else {}
         for name in self.store.claimed():
@@ -494,7 +492,7 @@ class Service:
             if writer is not None:
                 committed = writer.committed_lsn
             else:
-                table = ShapeTable(self.settings.sink.root, name)
+                table = self.tables.changelog(self.settings.sink.root, name)
                 committed = table.committed_lsn() if table.exists() else None
             held = max(held, committed or 0)
         return held

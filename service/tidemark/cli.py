@@ -360,13 +360,13 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def cmd_read(args: argparse.Namespace) -> int:
     from tidemark import read
     from tidemark.errors import SinkError
-    from tidemark.sink.delta.table import ShapeTable
+    from tidemark.sink import table_format
     from tidemark.spark import build_session
 
     settings = _settings(args)
     root = args.root or settings.sink.root
     as_of = int(Lsn.parse(args.as_of)) if args.as_of else None
-    if not ShapeTable(root, args.shape).exists():  # say so before Spark's JVM starts
+    if not table_format().changelog(root, args.shape).exists():  # say so before Spark's JVM starts
         raise SinkError(
             f"shape '{args.shape}' has no table under {root}: is the name right, and has "
             "tidemark committed anything for it yet?"

@@ -1,8 +1,9 @@
 """Reading shape tables with plain Spark: the changelog, and the state as of an LSN.
 
-Works without the Delta jar: the Delta snapshot is resolved with ``deltalake``
-and Spark reads exactly its files as Parquet. (With the Delta jar, Spark reads
-the tables natively; the fold below applies the same way.)
+Works without the table format's Spark connector: the table format
+(``tidemark.sink.port``; Delta: ``deltalake``) names the snapshot's files and Spark
+reads exactly those as Parquet. (With the Delta jar, Spark reads the tables
+natively; the fold applies the same way.)
 
 The fold ("current state as of LSN L") is ``tidemark.sink.fold``.
 
@@ -15,8 +16,8 @@ before that snapshot: reading it as of an earlier LSN is refused (``current`` an
 ``snapshot``), rather than answered with part of the rows.
 
 ``current`` reads mostly pre-folded rows: the shape's current-state table
-(``<root>/current/<shape>``, ``tidemark.sink.delta.current``) as of its LSN ``C``, plus the
-fold of the changelog rows after ``C`` onto it (``fold_onto``), so it stays exact up
+(``TableFormat.current_base``) as of its LSN ``C``, plus the fold of the changelog
+rows after ``C`` onto it (``fold_onto``), so it stays exact up
 to the frontier and costs what the table and the tail cost, not the whole history.
 An ``as_of`` before ``C`` reads the current table's version at or before ``as_of``
 plus the changelog rows after it, or without one the whole changelog. Once changelog
@@ -32,16 +33,15 @@ from typing import Any
 
 from tidemark.errors import SinkError
 from tidemark.lsn import format_lsn
-from tidemark.sink.delta.current import CurrentTable, current_schema
-from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink import table_format
 from tidemark.sink.fold import fold, fold_onto, snapshot_rows
 from tidemark.sink.frontiers import load_frontiers
-from tidemark.sink.schema import LSN, spark_schema
+from tidemark.sink.schema import LSN, current_schema, spark_schema
 
 
 def changelog(spark: Any, root: str | Path, shape: str) -> Any:
     """The shape's table as a DataFrame of change rows (every version of every row)."""
-    table = ShapeTable(root, shape)
+    table = table_format().changelog(root, shape)
     if not table.exists():
         raise SinkError(
             f"shape '{shape}' has no table under {root}: is the name right, "
@@ -51,7 +51,7 @@ def changelog(spark: Any, root: str | Path, shape: str) -> Any:
     schema = spark_schema(table.arrow_schema())
     if not files:
         return spark.createDataFrame([], schema)
-    # the Delta schema is the union of all files' schemas (columns added later)
+    # the table's schema is the union of all files' schemas (columns added later)
     return spark.read.schema(schema).parquet(*files)
 
 
@@ -61,18 +61,14 @@ def current(spark: Any, root: str | Path, shape: str, as_of: int | None = None) 
 
     if as_of is not None:
         _check_after_snapshot(root, shape, as_of)
-    table = ShapeTable(root, shape)
+    table = table_format().changelog(root, shape)
     frame = changelog(spark, root, shape)
     key = table.primary_key()
-    generation = table.generation()
-    retained = table.retained_lsn(generation)
-    changelog_id = str(table.table().metadata().id)
-    start = _current_start(root, shape, generation, changelog_id, retained, as_of)
+    start = table_format().current_base(root, table, as_of)
     if start is None:
         return fold(frame, key, as_of)
-    version, lsn = start
+    files, lsn = start
     target = current_schema(table.arrow_schema(), key)
-    files = CurrentTable(root, shape).file_uris(version)
     base_frame = (
         spark.read.schema(spark_schema(target)).parquet(*files)
         if files
@@ -83,43 +79,6 @@ def current(spark: Any, root: str | Path, shape: str, as_of: int | None = None) 
         tail = tail.where(F.col(LSN) <= F.lit(as_of))
     state = fold_onto(snapshot_rows(base_frame, frame.schema), tail, key)
     return state.select(*[F.col(f"`{f.name}`") for f in target])
-
-
-def _current_start(
-    root: str | Path,
-    shape: str,
-    generation: int,
-    changelog_id: str,
-    retained: int | None,
-    as_of: int | None,
-) -> tuple[int, int] | None:
-    """Which current-table version (and its LSN) a read starts from; None: fold the
-    whole changelog. Refuses an ``as_of`` older than the retained history."""
-    table = CurrentTable(root, shape)
-    point = table.point()
-    if point is not None and point.folds(generation, changelog_id):
-        if as_of is None or as_of >= point.lsn:
-            return point.version, point.lsn
-        if retained is None:
-            return None  # the changelog is whole: fold it
-        older = [
-            p
-            for p in table.points()
-            if p.folds(generation, changelog_id) and retained <= p.lsn <= as_of
-        ]
-        if older:
-            best = max(older, key=lambda p: p.lsn)
-            return best.version, best.lsn
-    elif retained is None:
-        return None  # no current table of this changelog: fold the whole changelog
-    oldest = retained  # (every way here has dropped history)
-    raise SinkError(
-        f"cannot read shape '{shape}' as of "
-        f"{format_lsn(as_of) if as_of is not None else 'now'}: changelog retention "
-        f"dropped the changes at or before {format_lsn(oldest)} (folded into "
-        f"{table.uri}), and the current-state table holds no version old enough. "
-        f"Read as of {format_lsn(oldest)} or later"
-    )
 
 
 def _check_after_snapshot(root: str | Path, shape: str, as_of: int) -> None:

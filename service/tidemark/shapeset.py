@@ -68,8 +68,9 @@ from tidemark.shapes.catalog import (
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
 from tidemark.shapes.partitions import Member, fingerprint, has_rows, read_tree, tree_changes
 from tidemark.shapes.registry import ShapeRegistry
-from tidemark.sink.delta.table import ShapeTable, set_aside
+from tidemark.sink import table_format
 from tidemark.sink.frontiers import instance_states, state_dir
+from tidemark.sink.port import ChangelogTable, TableFormat
 from tidemark.sink.schema import ColumnSpec, column_specs, table_schema
 from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter
@@ -115,7 +116,7 @@ class _Prepared:
     definition: ShapeDefinition
     catalog: CatalogTable
     checked: CheckedShape
-    table: ShapeTable
+    table: ChangelogTable
     specs: list[ColumnSpec]
 
     def create(self) -> None:
@@ -140,8 +141,10 @@ class ShapeSet:
         on_change: Callable[[], None],
         store: ContinuityStore | None = None,
         frontier: Callable[[str], int | None] = lambda _: None,
+        tables: TableFormat | None = None,
     ) -> None:
         self.settings = settings
+        self.tables = tables or table_format()
         root = settings.sink.root
         self.instance = settings.instance.name
         self.registry = ShapeRegistry.open(state_dir(root, self.instance) / "shapes.json")
@@ -278,11 +281,13 @@ class ShapeSet:
                 catalogs[key] = catalog
         checked = check_shape(definition, catalog)
         await self._check_partition_publishing(conn, catalog, definition.name)
-        table = ShapeTable(self.settings.sink.root, definition.name, epoch=self.store.epoch)
+        table = self.tables.changelog(
+            self.settings.sink.root, definition.name, epoch=self.store.epoch
+        )
         return _Prepared(definition, catalog, checked, table, column_specs(checked.shape))
 
     async def _damaged(self, prepared: _Prepared, origin: str, exc: TableDamaged) -> bool:
-        """A shape whose table is damaged at start (``ShapeTable.recover``): its claim
+        """A shape whose table is damaged at start (``ChangelogTable.recover``): its claim
         ends durably (the table no longer holds what it claimed), then, with
         ``on_stream_gap = "resync"``, the table is moved to ``<root>/damaged/`` and
         made again, to be rebuilt from a snapshot (returns True: install it); otherwise
@@ -292,7 +297,7 @@ class ShapeSet:
         self.store.invalidate(name, "its table is damaged")
         await asyncio.to_thread(self.store.write_claims)
         if self.settings.source.on_stream_gap == "resync":
-            aside = await asyncio.to_thread(set_aside, prepared.table)
+            aside = await asyncio.to_thread(self.tables.set_aside, prepared.table)
             log.error("table.damaged_set_aside", shape=name, error=str(exc), moved_to=str(aside))
             try:
                 await asyncio.to_thread(prepared.create)

@@ -1,12 +1,12 @@
 """Keeping each shape's current-state table folded, and its tables cheap to read.
 
 ``CurrentKeeper`` runs beside the writers in the service. A shape's current table
-(``tidemark.sink.delta.current``) is refreshed when ``[current] refresh_s`` passed since
-its last refresh and rows were committed since (a backfill's or resync's snapshot
-counts: the table is then built or rebuilt from it; so does a shape's first
-``refresh_s`` after start, to find out), or when ``refresh_rows`` rows wait to be
-folded. The shapes due at one moment are refreshed in one go
-(``current.refresh_many``: the small ones in one Spark job per column layout), in
+(``TableFormat.refresh_current``, ``tidemark.sink.port``) is refreshed when
+``[current] refresh_s`` passed since its last refresh and rows were committed since
+(a backfill's or resync's snapshot counts: the table is then built or rebuilt from
+it; so does a shape's first ``refresh_s`` after start, to find out), or when
+``refresh_rows`` rows wait to be folded. The shapes due at one moment are refreshed
+in one go (Delta: the small ones in one Spark job per column layout), in
 the scheduler's backfill slot: only while no stream flush waits for Spark, so the
 stream goes first, and in Spark's background pool, so a flush started meanwhile gets
 the task slots first (``tidemark.spark.in_background``); they read committed
@@ -15,18 +15,18 @@ ready (its backfill has not committed) is not refreshed: its changelog is not a 
 state yet.
 
 The hourly upkeep (``maintain``) adds, per shape and between its flushes: changelog
-retention (``[sink] changelog_retention_hours``: ``retention.compact_changelog``), vacuum of
-the current table (keeping the version the retained changelog starts from), Delta
-log cleanup of both tables (``cleanup_metadata``: log entries older than the
-table's ``delta.logRetentionDuration`` and before a checkpoint), and the upkeep
-gauges (files per table, log entries since the newest checkpoint).
+retention (``[sink] changelog_retention_hours``: ``TableFormat.compact_changelog``),
+vacuum of the current table (keeping the version the retained changelog starts from)
+and metadata cleanup of both tables (``TableFormat.vacuum_and_clean``; Delta: log
+entries older than the table's ``delta.logRetentionDuration`` and before a
+checkpoint), and the upkeep gauges (files per table, log entries since the newest
+checkpoint).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from tidemark import fencing
 from tidemark.durable import full_disk
-from tidemark.sink.delta import current, retention
+from tidemark.sink import table_format
+from tidemark.sink.port import RefreshResult, TableFormat
 from tidemark.spark import in_background
 from tidemark.writers.job import default_parallelism
 
@@ -76,8 +76,10 @@ class CurrentKeeper:
         *,
         frontier: Callable[[str], int | None],
         clock: Callable[[], float] = time.monotonic,
+        tables: TableFormat | None = None,
     ) -> None:
         self.settings = settings
+        self.tables = tables or table_format()
         self.spark = spark
         self.scheduler = scheduler
         self.metrics = metrics
@@ -162,7 +164,7 @@ class CurrentKeeper:
         if not self.settings.current.enabled:
             return
         # a refresh killed mid-way left its Spark output (never committed) behind
-        await asyncio.to_thread(clear_staging, self.root, list(self.scheduler.writers))
+        await asyncio.to_thread(self.recover_all, list(self.scheduler.writers))
         for name in list(self.scheduler.writers):
             self.track(name)
         while True:
@@ -173,9 +175,9 @@ class CurrentKeeper:
             self.update_gauges()
             await asyncio.sleep(TICK_S)
 
-    async def refresh(self, *names: str) -> dict[str, current.RefreshResult | None]:
+    async def refresh(self, *names: str) -> dict[str, RefreshResult | None]:
         """Refresh these shapes' current tables (small ones in one Spark job,
-        ``current.refresh_many``); each shape's result, None where it failed (tried
+        ``TableFormat.refresh_current``); each shape's result, None where it failed (tried
         again after ``RETRY_AFTER_S``)."""
         taken = {}
         for name in names:
@@ -183,7 +185,7 @@ class CurrentKeeper:
             taken[name] = (state.rows_waiting, state.unfolded_since)
             state.rows_waiting, state.unfolded_since = 0, None
         cfg = self.settings.current
-        outcomes: dict[str, current.RefreshResult | Exception]
+        outcomes: dict[str, RefreshResult | Exception]
         try:
             async with contextlib.AsyncExitStack() as held:
                 for name in sorted(names):
@@ -193,7 +195,7 @@ class CurrentKeeper:
                     asyncio.to_thread(
                         in_background,
                         self.spark,
-                        current.refresh_many,
+                        self.tables.refresh_current,
                         self.spark,
                         self.root,
                         list(names),
@@ -213,7 +215,7 @@ class CurrentKeeper:
                     raise
         except Exception as exc:  # never stops the stream: tried again later
             outcomes = dict.fromkeys(names, exc)
-        results: dict[str, current.RefreshResult | None] = {}
+        results: dict[str, RefreshResult | None] = {}
         for name in names:  # refresh_many has an outcome for every shape
             results[name] = self._refreshed(name, outcomes[name], taken[name])
         for name, result in results.items():
@@ -224,9 +226,9 @@ class CurrentKeeper:
     def _refreshed(
         self,
         name: str,
-        outcome: current.RefreshResult | Exception,
+        outcome: RefreshResult | Exception,
         taken: tuple[int, float | None],
-    ) -> current.RefreshResult | None:
+    ) -> RefreshResult | None:
         state = self.track(name)
         if isinstance(outcome, Exception):
             rows, since = taken
@@ -271,7 +273,7 @@ class CurrentKeeper:
                 retained = await asyncio.to_thread(
                     in_background,
                     self.spark,
-                    retention.compact_changelog,
+                    self.tables.compact_changelog,
                     self.spark,
                     self.root,
                     name,
@@ -279,75 +281,27 @@ class CurrentKeeper:
                 )
                 if retained is not None:
                     self.metrics.changelog_retained_lsn.labels(name).set(retained.retained_lsn)
-            await asyncio.to_thread(vacuum_and_clean, self.root, name, sink.vacuum_retention_hours)
+            await asyncio.to_thread(
+                self.tables.vacuum_and_clean, self.root, name, sink.vacuum_retention_hours
+            )
         await asyncio.to_thread(self.measure, name)
 
     def measure(self, name: str) -> None:
         """Files and log entries since the newest checkpoint of both tables (a shape
         whose table does not exist yet gets 0)."""
-        from tidemark.sink.delta.table import table_path
-
-        for kind, path in (
-            ("changelog", table_path(self.root, name)),
-            ("current", current.current_path(self.root, name)),
-        ):
-            files, since_checkpoint = table_stats(path) or (0, 0)
+        changelog, current = self.tables.folders(self.root, name)
+        for kind, path in (("changelog", changelog), ("current", current)):
+            files, since_checkpoint = self.tables.table_stats(path) or (0, 0)
             self.metrics.table_files.labels(name, kind).set(files)
             self.metrics.table_log_entries.labels(name, kind).set(since_checkpoint)
 
-
-def clear_staging(root: str | Path, shapes: list[str]) -> None:
-    """At start: what refreshes of an earlier run left uncommitted is deleted, and each
-    current table recovered (``CurrentTable.recover``)."""
-    for name in shapes:
-        fencing.clear(current.current_path(root, name) / current.STAGING_DIR)
-        try:
-            current.CurrentTable(root, name).recover()
-        except Exception as exc:  # the refresh reports it; the stream goes on
-            log.error("current.recover_failed", shape=name, error=f"{type(exc).__name__}: {exc}")
-
-
-def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
-    """Vacuum the current table (keeping what reads from the retention boundary on
-    need) and clean both tables' expired Delta log entries."""
-    from deltalake import DeltaTable
-
-    from tidemark.sink.delta.log import entries_sync
-    from tidemark.sink.delta.table import ShapeTable
-
-    changelog = ShapeTable(root, shape)
-    table = current.CurrentTable(root, shape)
-    if table.exists():
-        points = table.points()
-        generation = changelog.generation() if changelog.exists() else 0
-        retained = changelog.retained_lsn(generation) if changelog.exists() else None
-        hours = retention.current_vacuum_hours(
-            points, retained, floor_hours, int(time.time() * 1000)
-        )
-        dt = table.table()
-        where = f"the current table of shape '{shape}'"
-        fencing.current().check_snapshot(dt, where)
-        before = dt.version()
-        dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True)
-        dt.update_incremental()  # (the vacuum's own commits, synced like every other)
-        entries_sync(table.path / "_delta_log", before + 1, dt.version()).sync()
-        dt.cleanup_metadata()
-    if changelog.exists():
-        fencing.check()
-        DeltaTable(changelog.uri).cleanup_metadata()
-
-
-def table_stats(path: Path) -> tuple[int, int] | None:
-    """(active files, log entries after the newest checkpoint) of a Delta table."""
-    from deltalake import DeltaTable
-
-    if not DeltaTable.is_deltatable(str(path)):
-        return None
-    dt = DeltaTable(str(path))
-    files = len(dt.file_uris())
-    checkpoint = -1
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        checkpoint = int(
-            json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
-        )
-    return files, dt.version() - checkpoint if checkpoint >= 0 else dt.version() + 1
+    def recover_all(self, shapes: list[str]) -> None:
+        """At start: what refreshes of an earlier run left uncommitted is deleted, and
+        each current table recovered (``TableFormat.recover_current``)."""
+        for name in shapes:
+            try:
+                self.tables.recover_current(self.root, name)
+            except Exception as exc:  # the refresh reports it; the stream goes on
+                log.error(
+                    "current.recover_failed", shape=name, error=f"{type(exc).__name__}: {exc}"
+                )

@@ -1,1 +1,27 @@
-"""The lake side: one Delta table per shape, committed offsets, frontiers."""
+"""The lake side: each shape's changelog and current-state tables, behind a port.
+
+``port`` says what the rest of tidemark asks of a table (``ChangelogTable``) and of a
+table format (``TableFormat``); ``delta/`` is the Delta Lake implementation. The
+format-neutral parts: ``schema`` (columns and metadata columns), ``files`` (a data
+file a commit adds), ``fold`` (a changelog's state as of an LSN, in Spark),
+``frontiers`` (how far each shape is complete, for readers).
+"""
+
+from __future__ import annotations
+
+from tidemark.errors import ConfigError
+from tidemark.sink.port import ChangelogTable, TableFormat
+
+FORMATS = ("delta",)
+
+
+def table_format(name: str = "delta") -> TableFormat:
+    """The table format called ``name``."""
+    if name == "delta":
+        from tidemark.sink.delta.format import DELTA
+
+        return DELTA
+    raise ConfigError(f"unknown table format {name!r}: choose one of {', '.join(FORMATS)}")
+
+
+__all__ = ["FORMATS", "ChangelogTable", "TableFormat", "table_format"]

@@ -129,3 +129,10 @@ def spark_schema(schema: pa.Schema):
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(schema, prefer_timestamp_ntz=True)
+
+
+def current_schema(changelog: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
+    """The current table's schema: the changelog's shape columns, then ``_lsn``."""
+    fields = [f for f in changelog if f.name not in METADATA_NAMES]
+    fields.append(changelog.field(LSN))
+    return with_primary_key(pa.schema(fields), primary_key)

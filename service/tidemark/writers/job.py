@@ -32,8 +32,8 @@ from tidemark import fencing
 from tidemark.durable import SyncFailed, SyncSet
 from tidemark.errors import SinkError
 from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
-from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.files import DataFile
+from tidemark.sink.port import ChangelogTable
 from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema
 from tidemark.spark import arrow_parts, is_connect
 from tidemark.writers.arrow_batch import PG_EPOCH_US, build_table
@@ -57,13 +57,18 @@ class CommitResult:
 
 
 def write_parquet(
-    spark: Any, table: ShapeTable, schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows
+    spark: Any, table: ChangelogTable, schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows
 ) -> list[DataFile]:
     return write_arrow(spark, table, schema, build_table(schema, specs, rows, table.shape))
 
 
 def write_arrow(
-    spark: Any, table: ShapeTable, schema: pa.Schema, arrow: pa.Table, *, replacing: bool = False
+    spark: Any,
+    table: ChangelogTable,
+    schema: pa.Schema,
+    arrow: pa.Table,
+    *,
+    replacing: bool = False,
 ) -> list[DataFile]:
     """Spark writes ``arrow`` as Parquet into a fresh folder of ``table``; not committed.
 
@@ -83,7 +88,7 @@ def write_arrow(
 
 
 def write_spool(
-    table: ShapeTable,
+    table: ChangelogTable,
     schema: pa.Schema,
     specs: Sequence[ColumnSpec],
     rows: Rows,
@@ -109,7 +114,7 @@ def write_spool(
 
 
 def spool_batch_rows(
-    table: ShapeTable, schema: pa.Schema, specs: Sequence[ColumnSpec], batch: Batch
+    table: ChangelogTable, schema: pa.Schema, specs: Sequence[ColumnSpec], batch: Batch
 ) -> None:
     """Move a large batch's buffered rows to spool files in slices (``write_spool``);
     the flush then has Spark rewrite them into the table like a streamed transaction's.
@@ -124,7 +129,7 @@ def spool_batch_rows(
     txn.rows += sum(f.num_rows for f in txn.files[before:])
 
 
-def spool_arrow(table: ShapeTable, folder: str, name: str, arrow: pa.Table) -> DataFile:
+def spool_arrow(table: ChangelogTable, folder: str, name: str, arrow: pa.Table) -> DataFile:
     """Write ``arrow`` with pyarrow as the spool file ``folder/name`` (a slice of a
     streamed transaction or a large batch, a backfill's chunk); Spark rewrites spool
     files into the table (``rewrite_spooled``). Spool files are read once, soon, so
@@ -141,7 +146,7 @@ def spool_arrow(table: ShapeTable, folder: str, name: str, arrow: pa.Table) -> D
 
 def rewrite_spooled(
     spark: Any,
-    table: ShapeTable,
+    table: ChangelogTable,
     schema: pa.Schema,
     txn: SpooledTxn,
     *,
@@ -175,7 +180,7 @@ def rewrite_spooled(
     return table.files_in(rel)
 
 
-def check_column_types(table: ShapeTable, schema: pa.Schema) -> None:
+def check_column_types(table: ChangelogTable, schema: pa.Schema) -> None:
     """Every column of ``schema`` the table has must have the table's type, as Spark
     sees both: files of another type would be unreadable through the table."""
     existing = {f.name: f for f in spark_schema(table.arrow_schema()).fields}
@@ -191,9 +196,9 @@ def check_column_types(table: ShapeTable, schema: pa.Schema) -> None:
             )
 
 
-def fit_table(table: ShapeTable, schema: pa.Schema) -> None:
+def fit_table(table: ChangelogTable, schema: pa.Schema) -> None:
     """``ensure_columns`` and ``check_column_types``, once per writer schema: the
-    table's schema changes only through its ``ShapeTable``, which then forgets what
+    table's schema changes only through its ``ChangelogTable``, which then forgets what
     fitted (a round of 1000 shapes spent ~0.25 s converting schemas otherwise)."""
     fitted = table.fitted
     if fitted is not None and (fitted is schema or fitted.equals(schema)):
@@ -204,7 +209,7 @@ def fit_table(table: ShapeTable, schema: pa.Schema) -> None:
 
 
 def commit_batch(
-    spark: Any, table: ShapeTable, schema: pa.Schema, specs: Sequence[ColumnSpec], batch: Batch
+    spark: Any, table: ChangelogTable, schema: pa.Schema, specs: Sequence[ColumnSpec], batch: Batch
 ) -> CommitResult:
     """One shape's flush on its own: Spark writes the batch, then its Delta commit."""
     started = time.perf_counter()
@@ -223,8 +228,8 @@ def commit_batch(
     return commit_files(table, batch, files, time.perf_counter() - started)
 
 
-def sync_batch_files(table: ShapeTable, batch: Batch, synced: SyncSet) -> None:
-    """Sync the files a batch's commit will name (``synced``: ``ShapeTable.files_sync``
+def sync_batch_files(table: ChangelogTable, batch: Batch, synced: SyncSet) -> None:
+    """Sync the files a batch's commit will name (``synced``: ``ChangelogTable.files_sync``
     of them)."""
     if batch.lost is not None:
         raise SinkError(batch.lost)
@@ -234,7 +239,7 @@ def sync_batch_files(table: ShapeTable, batch: Batch, synced: SyncSet) -> None:
         raise _sync_error(table, batch, exc) from exc
 
 
-def _sync_error(table: ShapeTable, batch: Batch, exc: SyncFailed) -> SinkError:
+def _sync_error(table: ChangelogTable, batch: Batch, exc: SyncFailed) -> SinkError:
     """A failed sync of a batch's files: retried like any failed flush (Spark writes
     the rows again, into new files), unless a staged file failed: its rows are not in
     memory to be written again, and syncing it again could report success for bytes
@@ -250,7 +255,7 @@ def _sync_error(table: ShapeTable, batch: Batch, exc: SyncFailed) -> SinkError:
     return SinkError(batch.lost)
 
 
-def sync_group(parts: Sequence[tuple[ShapeTable, Batch, SyncSet]]) -> dict[int, SinkError]:
+def sync_group(parts: Sequence[tuple[ChangelogTable, Batch, SyncSet]]) -> dict[int, SinkError]:
     """Group commit: the sets of several tables' commits synced in one step. Returns
     the failures by index in ``parts``: a part fails only when one of its own paths
     did."""
@@ -273,7 +278,7 @@ def sync_group(parts: Sequence[tuple[ShapeTable, Batch, SyncSet]]) -> dict[int, 
 
 
 def batch_metadata(batch: Batch) -> dict[str, Any]:
-    """What a batch's commit records beside its files (``ShapeTable.commit``)."""
+    """What a batch's commit records beside its files (``ChangelogTable.commit``)."""
     metadata: dict[str, Any] = {
         "tidemark.transactions": batch.transactions,
         "tidemark.lastOp": batch.last_offset.op_offset,
@@ -285,10 +290,10 @@ def batch_metadata(batch: Batch) -> dict[str, Any]:
 
 
 def prepared_sync(
-    table: ShapeTable, batch: Batch, files: Sequence[DataFile]
+    table: ChangelogTable, batch: Batch, files: Sequence[DataFile]
 ) -> tuple[SyncSet, Path | None]:
     """What a flush round syncs for one member before its commit: its files, and the
-    log entry its commit will name, written now (``ShapeTable.prepare``)."""
+    log entry its commit will name, written now (``ChangelogTable.prepare``)."""
     synced = table.files_sync(files)
     prepared = None
     if batch.lost is None:
@@ -302,7 +307,7 @@ def prepared_sync(
 
 
 def commit_files(
-    table: ShapeTable,
+    table: ChangelogTable,
     batch: Batch,
     files: list[DataFile],
     write_seconds: float,
@@ -316,8 +321,8 @@ def commit_files(
     Durability: the files are synced before the commit names them, the log entry
     before it is named, and the log folder before this returns, so the batch may be
     acknowledged once it has. ``grouped``: a flush round synced the files already
-    (and ``prepared``, the commit's log entry, ``ShapeTable.prepare``), and syncs the
-    log folders of all its tables at once after their commits (``ShapeTable.log_sync``):
+    (and ``prepared``, the commit's log entry, ``ChangelogTable.prepare``), and syncs the
+    log folders of all its tables at once after their commits (``ChangelogTable.log_sync``):
     the batch may be acknowledged only after that."""
     if batch.kinds is None:
         batch.kinds = dict(Counter(batch.rows.kinds))
@@ -360,7 +365,7 @@ PART = "_tm_part"  # the partition column of a round's output: the member's inde
 
 @dataclass(slots=True)
 class RoundMember:
-    table: ShapeTable
+    table: ChangelogTable
     schema: pa.Schema
     specs: Sequence[ColumnSpec]
     batch: Batch
@@ -523,7 +528,7 @@ def writes_in_place(spark: Any) -> bool:
     return bool(chosen == DIRECT_COMMIT_CLASS)
 
 
-def _written_in_place(table: ShapeTable, rel: str) -> list[DataFile]:
+def _written_in_place(table: ChangelogTable, rel: str) -> list[DataFile]:
     """The files a round's tasks wrote into the member's ``data/<uuid>`` folder."""
     if not (table.path / rel).is_dir():
         return []
@@ -540,7 +545,7 @@ def default_parallelism(spark: Any) -> int:
         return 1
 
 
-def _adopt(table: ShapeTable, folder: Path) -> list[DataFile]:
+def _adopt(table: ChangelogTable, folder: Path) -> list[DataFile]:
     """Move the folder Spark wrote a member's files to into its table, as a fresh
     ``data/<uuid>/`` folder: one rename, not a folder made and a rename per file
     (directory changes cost 0.1-0.5 ms each on the disks measured)."""

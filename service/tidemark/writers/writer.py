@@ -31,8 +31,8 @@ import pyarrow as pa
 from tidemark.flush.alignment import TxnAlignment
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput.messages import Value
-from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.files import DataFile
+from tidemark.sink.port import ChangelogTable
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.writers.buffer import Batch, ShapeBuffer
 from tidemark.writers.memory import Charge
@@ -53,7 +53,7 @@ class JobFailure:
 class ShapeWriter:
     def __init__(
         self,
-        table: ShapeTable,
+        table: ChangelogTable,
         columns: list[ColumnSpec],
         report: Report,
         *,

@@ -61,17 +61,18 @@ from deltalake.transaction import RemoveAction
 from tidemark import fencing
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
+from tidemark.lsn import format_lsn
 from tidemark.sink.delta.log import add_action, entries_sync, recover_log
 from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.files import DataFile, describe_file
 from tidemark.sink.fold import TRUNCATE, fold, fold_onto, snapshot_rows
+from tidemark.sink.port import RefreshResult
 from tidemark.sink.schema import (
     LSN,
-    METADATA_NAMES,
     OP,
+    current_schema,
     primary_key_of,
     spark_schema,
-    with_primary_key,
 )
 
 log = structlog.get_logger("tidemark.current")
@@ -114,13 +115,6 @@ def bucket_of_path(path: str) -> int | None:
         return None
 
 
-def current_schema(changelog: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
-    """The current table's schema: the changelog's shape columns, then ``_lsn``."""
-    fields = [f for f in changelog if f.name not in METADATA_NAMES]
-    fields.append(changelog.field(LSN))
-    return with_primary_key(pa.schema(fields), primary_key)
-
-
 @dataclass(frozen=True, slots=True)
 class RefreshPoint:
     """What a refresh commit recorded: the table holds the fold through ``lsn``."""
@@ -136,24 +130,6 @@ class RefreshPoint:
         """Whether this refresh folded the same changelog generation."""
         same_table = not self.changelog_id or self.changelog_id == changelog_id
         return self.generation == view_generation and same_table
-
-
-@dataclass(frozen=True, slots=True)
-class RefreshResult:
-    shape: str
-    lsn: int | None  # the LSN folded through (None: nothing to fold, no table)
-    rebuilt: bool
-    buckets_written: int
-    rows_folded: int  # changelog rows read past the old LSN
-    files_added: int
-    files_removed: int
-    seconds: float
-    skipped: bool = False  # already current
-
-    @classmethod
-    def nothing(cls, shape: str, lsn: int | None) -> RefreshResult:
-        """A refresh with nothing to do: the table holds ``lsn`` (None: no table)."""
-        return cls(shape, lsn, False, 0, 0, 0, 0, 0.0, skipped=True)
 
 
 def _point(entry: dict[str, Any]) -> RefreshPoint | None:
@@ -767,3 +743,40 @@ def _commit(
     )
     dt.update_incremental()
     entries_sync(table.path / "_delta_log", before + 1, dt.version()).sync()
+
+
+def read_start(
+    root: str | Path,
+    shape: str,
+    generation: int,
+    changelog_id: str,
+    retained: int | None,
+    as_of: int | None,
+) -> tuple[int, int] | None:
+    """Which current-table version (and its LSN) a read starts from; None: fold the
+    whole changelog. Refuses an ``as_of`` older than the retained history."""
+    table = CurrentTable(root, shape)
+    point = table.point()
+    if point is not None and point.folds(generation, changelog_id):
+        if as_of is None or as_of >= point.lsn:
+            return point.version, point.lsn
+        if retained is None:
+            return None  # the changelog is whole: fold it
+        older = [
+            p
+            for p in table.points()
+            if p.folds(generation, changelog_id) and retained <= p.lsn <= as_of
+        ]
+        if older:
+            best = max(older, key=lambda p: p.lsn)
+            return best.version, best.lsn
+    elif retained is None:
+        return None  # no current table of this changelog: fold the whole changelog
+    oldest = retained  # (every way here has dropped history)
+    raise SinkError(
+        f"cannot read shape '{shape}' as of "
+        f"{format_lsn(as_of) if as_of is not None else 'now'}: changelog retention "
+        f"dropped the changes at or before {format_lsn(oldest)} (folded into "
+        f"{table.uri}), and the current-state table holds no version old enough. "
+        f"Read as of {format_lsn(oldest)} or later"
+    )

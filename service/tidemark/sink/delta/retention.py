@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,10 @@ import structlog
 from tidemark.sink.delta.current import CurrentTable, RefreshPoint, changelog_view
 from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.files import DataFile
+from tidemark.sink.port import RetentionResult
 from tidemark.sink.schema import LSN, spark_schema
 
 log = structlog.get_logger("tidemark.current")
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionResult:
-    shape: str
-    retained_lsn: int  # rows at or below this are gone from the changelog
-    files_removed: int
-    files_added: int
-    rows_dropped: int
 
 
 def retention_boundary(

@@ -311,6 +311,10 @@ class ShapeTable:
                 "(its description is not tidemark's JSON)"
             ) from exc
 
+    def identity(self) -> str:
+        """The Delta table's id (a table made again at the same place has another)."""
+        return str(self.table().metadata().id)
+
     def primary_key(self) -> list[str]:
         """The key the table's rows are folded by: from the schema (see the module
         docstring), or the description of a table created before keys lived there."""

@@ -1,0 +1,137 @@
+"""The Delta Lake table format behind the sink's port (``tidemark.sink.port``).
+
+Each shape has a changelog (``<root>/tables/<shape>``, ``delta.table``) and a
+current-state table (``<root>/current/<shape>``, ``delta.current``), both Delta
+tables written through ``deltalake`` (and directly, for stream appends); the leader's
+epoch is a Delta application transaction (``delta.epochs``); retention rewrites the
+changelog (``delta.retention``); upkeep is Delta's vacuum and log cleanup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+from deltalake import DeltaTable
+
+from tidemark import fencing
+from tidemark.sink.delta import current, epochs, retention
+from tidemark.sink.delta.current import CurrentTable, current_path
+from tidemark.sink.delta.log import entries_sync
+from tidemark.sink.delta.table import ShapeTable, set_aside, table_path
+from tidemark.sink.port import ChangelogTable, RefreshResult, RetentionResult
+
+log = structlog.get_logger("tidemark.sink")
+
+
+class DeltaFormat:
+    """``TableFormat`` for Delta Lake."""
+
+    name = "delta"
+
+    def changelog(self, root: str | Path, shape: str, *, epoch: int = 1) -> ShapeTable:
+        return ShapeTable(root, shape, epoch=epoch)
+
+    def folders(self, root: str | Path, shape: str) -> tuple[Path, Path]:
+        return table_path(root, shape), current_path(root, shape)
+
+    def set_aside(self, table: ChangelogTable) -> Path:
+        assert isinstance(table, ShapeTable)
+        return set_aside(table)
+
+    def mark(self, root: str | Path, epoch: int, shapes: Sequence[str], app_id: str) -> int:
+        folders = [p for name in sorted(shapes) for p in self.folders(root, name)]
+        return epochs.mark_tables(root, epoch, [p for p in folders if p.is_dir()], app_id)
+
+    def recover_current(self, root: str | Path, shape: str) -> None:
+        fencing.clear(current_path(root, shape) / current.STAGING_DIR)
+        CurrentTable(root, shape).recover()
+
+    def refresh_current(
+        self,
+        spark: Any,
+        root: str | Path,
+        shapes: Sequence[str],
+        *,
+        buckets: int,
+        parallelism: int,
+        small_bytes: int,
+    ) -> dict[str, RefreshResult | Exception]:
+        return current.refresh_many(
+            spark,
+            root,
+            list(shapes),
+            buckets=buckets,
+            parallelism=parallelism,
+            small_bytes=small_bytes,
+        )
+
+    def compact_changelog(
+        self, spark: Any, root: str | Path, shape: str, retention_hours: float
+    ) -> RetentionResult | None:
+        return retention.compact_changelog(spark, root, shape, retention_hours)
+
+    def vacuum_and_clean(self, root: str | Path, shape: str, floor_hours: int) -> None:
+        vacuum_and_clean(root, shape, floor_hours)
+
+    def table_stats(self, path: Path) -> tuple[int, int] | None:
+        return table_stats(path)
+
+    def current_base(
+        self, root: str | Path, table: ChangelogTable, as_of: int | None
+    ) -> tuple[list[str], int] | None:
+        generation = table.generation()
+        start = current.read_start(
+            root, table.shape, generation, table.identity(), table.retained_lsn(generation), as_of
+        )
+        if start is None:
+            return None
+        version, lsn = start
+        return CurrentTable(root, table.shape).file_uris(version), lsn
+
+
+DELTA = DeltaFormat()
+
+
+def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
+    """Vacuum the current table (keeping what reads from the retention boundary on
+    need) and clean both tables' expired Delta log entries."""
+    changelog = ShapeTable(root, shape)
+    table = CurrentTable(root, shape)
+    if table.exists():
+        points = table.points()
+        generation = changelog.generation() if changelog.exists() else 0
+        retained = changelog.retained_lsn(generation) if changelog.exists() else None
+        hours = retention.current_vacuum_hours(
+            points, retained, floor_hours, int(time.time() * 1000)
+        )
+        dt = table.table()
+        where = f"the current table of shape '{shape}'"
+        fencing.current().check_snapshot(dt, where)
+        before = dt.version()
+        dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True)
+        dt.update_incremental()  # (the vacuum's own commits, synced like every other)
+        entries_sync(table.path / "_delta_log", before + 1, dt.version()).sync()
+        dt.cleanup_metadata()
+    if changelog.exists():
+        fencing.check()
+        DeltaTable(changelog.uri).cleanup_metadata()
+
+
+def table_stats(path: Path) -> tuple[int, int] | None:
+    """(active files, log entries after the newest checkpoint) of a Delta table."""
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    dt = DeltaTable(str(path))
+    files = len(dt.file_uris())
+    checkpoint = -1
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        checkpoint = int(
+            json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+        )
+    return files, dt.version() - checkpoint if checkpoint >= 0 else dt.version() + 1

@@ -1,0 +1,238 @@
+"""The sink as a port: what the rest of tidemark asks of a shape's tables.
+
+Above the sink (writers, backfills, the shape set, upkeep, the service, readers)
+nothing names a table format. A shape has two tables under the sink root: its
+*changelog* (every change, tagged with the transaction range it came from) and its
+*current-state* table (the changelog folded, one row per key). A table format
+provides both through ``TableFormat``; ``tidemark.sink.table_format`` picks one (the
+Delta adapter, ``tidemark.sink.delta``, is the one there is).
+
+What every format must keep, whatever its commit protocol:
+
+- **exactly once**: a commit records the shape's application id and the commit LSN
+  of its last transaction atomically with its files; ``committed_lsn`` reads it
+  back, and ``commit`` skips a batch at or below it (a replay) and refuses one
+  overlapping it (``WriterFenced``);
+- **fenced**: every commit carries the leader's epoch (``tidemark.fencing``) and is
+  refused when the table holds a newer one; a concurrent commit is refused by the
+  format's own compare-and-swap, then checked again;
+- **durable**: ``commit`` returns once the commit is whole on disk except for what
+  ``log_sync`` names, which the caller syncs before acknowledging (a flush round
+  syncs all its tables' at once); ``recover`` repairs what a power loss can leave;
+- **generations**: a backfill or resync replaces the table's rows in one commit and
+  raises its generation; ``retained_lsn`` says from where the history is whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from tidemark.durable import SyncSet
+    from tidemark.sink.files import DataFile
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshResult:
+    """What one current-state refresh did."""
+
+    shape: str
+    lsn: int | None  # the LSN folded through (None: nothing to fold, no table)
+    rebuilt: bool
+    buckets_written: int
+    rows_folded: int  # changelog rows read past the old LSN
+    files_added: int
+    files_removed: int
+    seconds: float
+    skipped: bool = False  # already current
+
+    @classmethod
+    def nothing(cls, shape: str, lsn: int | None) -> RefreshResult:
+        """A refresh with nothing to do: the table holds ``lsn`` (None: no table)."""
+        return cls(shape, lsn, False, 0, 0, 0, 0, 0.0, skipped=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionResult:
+    """What one changelog retention pass dropped."""
+
+    shape: str
+    retained_lsn: int  # rows at or below this are gone from the changelog
+    files_removed: int
+    files_added: int
+    rows_dropped: int
+
+
+class ChangelogTable(Protocol):
+    """One shape's changelog table. Thread-safe: commits come from worker threads."""
+
+    root: Path  # the sink root
+    shape: str
+    path: Path  # the table's folder: Spark writes its data files under it
+    uri: str
+    # a writer schema found to fit the table (``writers.job.fit_table``); forgotten
+    # whenever the table's schema may have changed through this object
+    fitted: pa.Schema | None
+
+    # -- existence, schema ----------------------------------------------------------
+    def exists(self) -> bool: ...
+
+    def create(
+        self,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        definition: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create the table, born with this leader's epoch (idempotent when it exists
+        with a compatible schema)."""
+
+    def recover(self) -> bool:
+        """At start: repair what a power loss left, make the last run's newest commit
+        durable; True when the table exists. ``TableDamaged`` when it cannot be."""
+
+    def arrow_schema(self) -> pa.Schema: ...
+
+    def primary_key(self) -> list[str]: ...
+
+    def op_type(self) -> pa.DataType | None:
+        """The type of the table's ``_op`` column (older tables: int32)."""
+
+    def needs_replacement(self, schema: pa.Schema, primary_key: Sequence[str]) -> bool:
+        """Whether ``schema`` cannot evolve the table (a type or key change): a resync."""
+
+    def ensure_columns(self, schema: pa.Schema) -> list[str]:
+        """Evolve the table by the columns of ``schema`` it lacks; the names added."""
+
+    # -- offsets ----------------------------------------------------------------------
+    def committed_lsn(self) -> int | None:
+        """The commit LSN of the last transaction committed (None: none yet)."""
+
+    def generation(self) -> int:
+        """How many times the table's rows were replaced (a backfill, a resync)."""
+
+    def retained_lsn(self, generation: int) -> int | None:
+        """The LSN through which retention dropped rows in ``generation`` (None: whole)."""
+
+    def identity(self) -> str:
+        """What tells this table from one made again at the same place."""
+
+    # -- data files ---------------------------------------------------------------------
+    def new_batch_dir(self) -> tuple[str, Path]:
+        """A fresh folder for a batch's files: (relative path, absolute path)."""
+
+    def new_spool_dir(self) -> tuple[str, Path]:
+        """A fresh folder for the files of a transaction still streamed."""
+
+    def delete_spool(self, files: Sequence[DataFile]) -> None: ...
+
+    def clear_spool(self) -> int: ...
+
+    def file_at(self, rel_path: str) -> DataFile: ...
+
+    def files_in(self, rel_dir: str) -> list[DataFile]: ...
+
+    def delete_files(self, files: Sequence[DataFile]) -> None:
+        """Remove files no commit names (a failed job's output)."""
+
+    def active_files_with_sizes(self) -> list[tuple[str, int]]: ...
+
+    def file_uris(self) -> list[str]:
+        """The data files of the newest version, for a reader."""
+
+    # -- commits --------------------------------------------------------------------------
+    def files_sync(self, files: Sequence[DataFile]) -> SyncSet:
+        """What makes ``files`` durable before a commit names them."""
+
+    def prepare(
+        self, files: Sequence[DataFile], end_lsn: int, metadata: Mapping[str, Any] | None = None
+    ) -> Path | None:
+        """The commit's record written ahead (synced with the files by a flush round),
+        or None when the format writes it at commit time."""
+
+    def commit(
+        self,
+        files: Sequence[DataFile],
+        end_lsn: int,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        first_lsn: int | None = None,
+        prepared: Path | None = None,
+    ) -> int | None:
+        """Add ``files`` as the transactions ``first_lsn..end_lsn``; the new version,
+        or None when they were committed already (see the module docstring)."""
+
+    def log_sync(self) -> SyncSet:
+        """What is left to sync after commits before they may be acknowledged."""
+
+    def backfill_commit(
+        self,
+        remove: Sequence[tuple[str, int]],
+        files: Sequence[DataFile],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        replace: tuple[pa.Schema, Sequence[str]] | None = None,
+    ) -> int:
+        """Replace the table's rows (a backfill or resync) in one commit that adds a
+        snapshot's ``files``, removes ``remove`` and raises the generation;
+        ``replace=(schema, primary_key)`` replaces the schema and key with them."""
+
+    # -- upkeep ---------------------------------------------------------------------------
+    def compact(self, target_size: int = 128 * 1024 * 1024) -> dict[str, Any]: ...
+
+    def vacuum(self, retention_hours: int = 24, keep: Sequence[DataFile] = ()) -> list[str]: ...
+
+
+class TableFormat(Protocol):
+    """A table format: the changelog and current-state tables of every shape."""
+
+    name: str
+
+    def changelog(self, root: str | Path, shape: str, *, epoch: int = 1) -> ChangelogTable:
+        """The changelog of ``shape`` (``epoch``: the stream epoch its offsets are on)."""
+
+    def folders(self, root: str | Path, shape: str) -> tuple[Path, Path]:
+        """Where the changelog and the current-state table of ``shape`` live."""
+
+    def set_aside(self, table: ChangelogTable) -> Path:
+        """Move a damaged changelog out of the way, durably; where it went."""
+
+    def mark(self, root: str | Path, epoch: int, shapes: Sequence[str], app_id: str) -> int:
+        """Mark the tables of ``shapes`` with a new leader's ``epoch``; how many."""
+
+    def recover_current(self, root: str | Path, shape: str) -> None:
+        """At start: clear what refreshes of an earlier run left, repair the table."""
+
+    def refresh_current(
+        self,
+        spark: Any,
+        root: str | Path,
+        shapes: Sequence[str],
+        *,
+        buckets: int,
+        parallelism: int,
+        small_bytes: int,
+    ) -> dict[str, RefreshResult | Exception]:
+        """Fold each shape's new changelog rows into its current-state table."""
+
+    def compact_changelog(
+        self, spark: Any, root: str | Path, shape: str, retention_hours: float
+    ) -> RetentionResult | None:
+        """Drop changelog rows the current table holds folded and older than that."""
+
+    def vacuum_and_clean(self, root: str | Path, shape: str, floor_hours: int) -> None:
+        """Remove files no version still readable needs, and expired metadata."""
+
+    def table_stats(self, path: Path) -> tuple[int, int] | None:
+        """(data files, log entries since the newest checkpoint) of a table folder."""
+
+    def current_base(
+        self, root: str | Path, table: ChangelogTable, as_of: int | None
+    ) -> tuple[list[str], int] | None:
+        """Where a read of the state as of ``as_of`` (None: the newest) starts: the
+        current-state files and the LSN they hold; None: fold the whole changelog.
+        Refuses an ``as_of`` older than the retained history."""
