@@ -70,9 +70,9 @@ from tidemark.replication.client import (
     SourceConfig,
     StreamStarted,
     WalBatch,
-    observe_stream,
 )
 from tidemark.replication.monitor import ReplicationMonitor, Violation
+from tidemark.replication.observe import observe_stream
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapeset import ShapeSet, ShapeStatus
 from tidemark.sink import table_format

@@ -17,7 +17,7 @@ jitter, resuming from the durable position; each (re)start puts a
 ``StreamStarted`` mark in the queue so the consumer drops a half-received
 transaction (Postgres re-sends it). A dropped or invalidated slot, wrong
 credentials, a role without REPLICATION or ``wal_level`` below logical are fatal
-and raised, never retried.
+and raised, never retried (``replication.source_errors``).
 
 Continuity (``StreamGuard``, see ``tidemark.continuity``): on every (re)connection
 the client shows the guard what it found (``IDENTIFY_SYSTEM`` and the slot)
@@ -44,12 +44,18 @@ from psycopg import pq
 
 from tidemark.aio import wait_event, within
 from tidemark.conninfo import redact_dsn, redact_text
-from tidemark.continuity.rule import ObservedStream, parse_timeline_history
+from tidemark.continuity.rule import ObservedStream
 from tidemark.errors import ReplicationError, SlotLostError, TidemarkError
 from tidemark.lsn import format_lsn
 from tidemark.pgoutput.framing import pg_now_us, standby_status_update
 from tidemark.replication import slot as slots
 from tidemark.replication.feedback import Feedback, StatusUpdate, keepalive_interval
+from tidemark.replication.observe import observed_stream, timeline_history
+from tidemark.replication.source_errors import (
+    ConnectionLost,
+    classify_connect_error,
+    raise_stream_error,
+)
 
 log = structlog.get_logger("tidemark.replication")
 
@@ -119,10 +125,6 @@ class ClientStats:
     connected: bool = False
     walsender_pid: int | None = None
     history: list[tuple[float, StatusUpdate]] = field(default_factory=list)
-
-
-class _ConnectionLost(Exception):
-    pass
 
 
 class StreamGuard(Protocol):
@@ -218,7 +220,7 @@ class ReplicationClient:
             except (
                 psycopg.OperationalError,
                 psycopg.InterfaceError,
-                _ConnectionLost,
+                ConnectionLost,
                 OSError,
             ) as exc:
                 if self._stopping:
@@ -272,7 +274,7 @@ class ReplicationClient:
                 "replication.stopped",
                 flush_lsn=format_lsn(self.feedback.flush_lsn) if self.feedback else None,
             )
-        except _ConnectionLost:
+        except ConnectionLost:
             # the receive loop closed the connection while the final update waited (it
             # ends on stopping too): nothing to say to Postgres, which keeps the last
             # position it was told, as after any disconnect
@@ -300,7 +302,7 @@ class ReplicationClient:
                 options=session_options(cfg.dsn),
             )
         except psycopg.OperationalError as exc:
-            raise _classify_connect_error(exc, cfg.dsn) from exc
+            raise classify_connect_error(exc, cfg.dsn) from exc
 
     async def _prepare(self) -> tuple[int, str]:
         """Checks and objects on a normal connection; returns (server major, dbname)."""
@@ -308,7 +310,7 @@ class ReplicationClient:
         try:
             conn = await psycopg.AsyncConnection.connect(cfg.dsn, autocommit=True)
         except psycopg.OperationalError as exc:
-            raise _classify_connect_error(exc, cfg.dsn) from exc
+            raise classify_connect_error(exc, cfg.dsn) from exc
         try:
             major = await slots.check_server(conn)
             if not await slots.role_can_replicate(conn):
@@ -403,7 +405,7 @@ class ReplicationClient:
         try:
             await self._start_copy_both(command)
         except psycopg.errors.ObjectInUse as exc:
-            raise _ConnectionLost(str(exc)) from exc  # our previous walsender still exiting
+            raise ConnectionLost(str(exc)) from exc  # our previous walsender still exiting
         except psycopg.errors.UndefinedObject as exc:
             raise SlotLostError(
                 f"replication slot '{cfg.slot}' does not exist any more: "
@@ -455,7 +457,7 @@ class ReplicationClient:
             await self._wait_readable(None)
         result = pgconn.get_result()
         if result is None:
-            raise _ConnectionLost("no result for START_REPLICATION")
+            raise ConnectionLost("no result for START_REPLICATION")
         if result.status == pq.ExecStatus.FATAL_ERROR:
             err = psycopg.errors.error_from_result(result, encoding="utf-8")
             while pgconn.get_result() is not None:
@@ -480,7 +482,7 @@ class ReplicationClient:
             try:
                 pgconn.consume_input()
             except psycopg.OperationalError as exc:
-                raise _ConnectionLost(str(exc)) from exc
+                raise ConnectionLost(str(exc)) from exc
             payloads: list[bytes] = []
             append = payloads.append
             header: Any = None  # the last XLogData: WAL positions never decrease in a stream
@@ -515,10 +517,10 @@ class ReplicationClient:
                     while (res := pgconn.get_result()) is not None:
                         if res.status == pq.ExecStatus.FATAL_ERROR:
                             err = psycopg.errors.error_from_result(res, encoding="utf-8")
-                            _raise_stream_error(err, self.config.slot)
-                    raise _ConnectionLost("the walsender ended the replication stream")
+                            raise_stream_error(err, self.config.slot)
+                    raise ConnectionLost("the walsender ended the replication stream")
                 err_text = (pgconn.error_message or b"").decode(errors="replace")
-                raise _ConnectionLost(err_text or "copy failed")
+                raise ConnectionLost(err_text or "copy failed")
             if payloads:
                 last = unpack_x(header, 1)[0]
                 feedback.note_received(last)
@@ -558,11 +560,11 @@ class ReplicationClient:
     async def _send(self, update: StatusUpdate) -> None:
         conn = self._conn
         if conn is None or conn.closed or self.feedback is None:
-            raise _ConnectionLost("status update on a closed replication connection")
+            raise ConnectionLost("status update on a closed replication connection")
         if self.guard is not None:
             await self.guard.before_send(update.flush_lsn)
             if conn.closed:
-                raise _ConnectionLost("status update on a closed replication connection")
+                raise ConnectionLost("status update on a closed replication connection")
         now = self._clock()
         wall = self._wall()
         msg = standby_status_update(
@@ -595,7 +597,7 @@ class ReplicationClient:
     async def _wait_fd(self, readable: bool, timeout: float | None) -> None:
         conn = self._conn
         if conn is None:
-            raise _ConnectionLost("connection closed")
+            raise ConnectionLost("connection closed")
         loop = asyncio.get_running_loop()
         fd = conn.pgconn.socket
         fut: asyncio.Future[None] = loop.create_future()
@@ -614,109 +616,6 @@ class ReplicationClient:
             await within(fut, timeout)
         finally:
             remove(fd)
-
-
-def observed_stream(
-    ident: tuple[str, int],
-    slot: str,
-    state: slots.SlotState | None,
-    history: tuple[tuple[int, int], ...] = (),
-) -> ObservedStream:
-    return ObservedStream(
-        system_id=ident[0],
-        timeline=ident[1],
-        slot=slot,
-        slot_exists=state is not None,
-        confirmed_flush_lsn=None if state is None else state.confirmed_flush_lsn,
-        slot_lost=state is not None
-        and (state.wal_status == "lost" or state.invalidation_reason is not None),
-        slot_invalidation=None if state is None else state.invalidation_reason,
-        history=history,
-    )
-
-
-async def timeline_history(
-    repl: psycopg.AsyncConnection[tuple[object, ...]], timeline: int
-) -> tuple[tuple[int, int], ...]:
-    """The history of ``timeline`` (``TIMELINE_HISTORY`` on a replication connection):
-    where each earlier timeline ended. Timeline 1 has none."""
-    if timeline <= 1:
-        return ()
-    row = await (await repl.execute(f"TIMELINE_HISTORY {int(timeline)}")).fetchone()
-    if row is None:
-        return ()
-    content = row[1]
-    text = (
-        bytes(content).decode(errors="replace")
-        if isinstance(content, (bytes, bytearray, memoryview))
-        else str(content)
-    )
-    return parse_timeline_history(text)
-
-
-async def observe_stream(dsn: str, slot: str) -> ObservedStream:
-    """What the source shows now: its system and timeline, and the slot (start-up)."""
-    try:
-        repl = await psycopg.AsyncConnection.connect(dsn, replication="database", autocommit=True)
-    except psycopg.OperationalError as exc:
-        classified = _classify_connect_error(exc, dsn)
-        if isinstance(classified, _ConnectionLost):
-            raise  # unreachable: the caller explains a plain connection failure
-        raise classified from exc
-    try:
-        row = await (await repl.execute("IDENTIFY_SYSTEM")).fetchone()
-        assert row is not None
-        ident = (str(row[0]), int(str(row[1])))
-        history = await timeline_history(repl, ident[1])
-    finally:
-        await repl.close()
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    try:
-        state = await slots.slot_state(conn, slot)
-    finally:
-        await conn.close()
-    return observed_stream(ident, slot, state, history)
-
-
-def _raise_stream_error(err: psycopg.Error, slot: str) -> None:
-    message = err.diag.message_primary or str(err)
-    lowered = message.lower()
-    if (
-        "can no longer get changes" in lowered
-        or "has been invalidated" in lowered
-        or ("does not exist" in lowered and "slot" in lowered)
-    ):
-        raise SlotLostError(
-            f"replication slot '{slot}' is no longer usable: {message}. "
-            "Drop it and resync every shape"
-        ) from err
-    raise _ConnectionLost(message) from err
-
-
-def _classify_connect_error(exc: psycopg.OperationalError, dsn: str) -> Exception:
-    text = redact_text(str(exc), dsn).strip()
-    lowered = text.lower()
-    safe = redact_dsn(dsn)
-    if "password authentication failed" in lowered or "no password supplied" in lowered:
-        return ReplicationError(
-            f"cannot log in to the source ({safe}): password authentication failed. "
-            "Check the user and password in the source DSN"
-        )
-    if "must be superuser or replication role" in lowered or (
-        "permission denied to start wal sender" in lowered
-    ):
-        return ReplicationError(
-            f"the source role may not start a walsender ({text}). Grant it: "
-            "ALTER ROLE <user> REPLICATION;"
-        )
-    if "does not exist" in lowered and ("database" in lowered or "role" in lowered):
-        return ReplicationError(f"cannot connect to the source ({safe}): {text}")
-    if "no pg_hba.conf entry" in lowered:
-        return ReplicationError(
-            f"the source refuses the connection ({text}). Allow it in pg_hba.conf "
-            "(a 'replication' line is needed for the walsender connection)"
-        )
-    return _ConnectionLost(text)
 
 
 def _parse_duration_s(text: str) -> float:
