@@ -3,7 +3,9 @@
 A shape is *due* when its ready rows reach ``max_rows``, its ready bytes reach
 ``max_bytes``, or its oldest ready row is ``max_age_s`` old. When one shape is
 due, every other shape with ready rows older than ``coalesce_age_s`` joins the
-round, so the global boundary moves in steps rather than one shape at a time.
+round, so the global boundary moves in steps rather than one shape at a time; a
+round's members are written by one Spark job and committed together
+(``tidemark.writers.group_commit``).
 Jobs run in worker threads (``asyncio.to_thread``) with at most ``concurrency``
 at once and at most one per shape (a shape's commits stay in order); stream
 flushes go before backfill work.
@@ -46,20 +48,18 @@ import structlog
 
 from tidemark import fencing
 from tidemark.aio import wait_event
-from tidemark.durable import SyncSet, full_disk
-from tidemark.errors import SinkError, WriterFenced
+from tidemark.durable import full_disk
+from tidemark.errors import WriterFenced
 from tidemark.sink.files import DataFile
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
 from tidemark.writers.cadence import Cadence, round_share
+from tidemark.writers.group_commit import group_commit
 from tidemark.writers.job import (
     ROUND_BYTES,
     CommitResult,
     RoundMember,
     commit_batch,
-    commit_files,
     joins_round,
-    prepared_sync,
-    sync_group,
     write_parquet,
     write_round,
     write_spool,
@@ -103,24 +103,6 @@ class SchedulerStats:
     backpressure_waits: int = 0
     blocked_seconds: float = 0.0  # time the stream spent waiting for memory
     last_results: list[CommitResult] = field(default_factory=list)
-
-
-def _prepare_round(
-    ready: list[tuple[ShapeWriter, Batch, list[DataFile]]],
-) -> tuple[list[tuple[SyncSet, Path | None]], dict[int, SinkError]]:
-    """A round's first sync step: each member's log entry written (``prepared_sync``),
-    then its files and entry synced with every other member's in one group."""
-    prepared: list[tuple[SyncSet, Path | None]] = []
-    try:
-        for w, b, files in ready:
-            prepared.append(prepared_sync(w.table, b, files))
-    except BaseException:  # (e.g. deposed): no entry of this round is left behind
-        for _, entry in prepared:
-            if entry is not None:
-                entry.unlink(missing_ok=True)
-        raise
-    parts = [(w.table, b, p[0]) for (w, b, _), p in zip(ready, prepared, strict=True)]
-    return prepared, sync_group(parts)
 
 
 class FlushScheduler:
@@ -551,43 +533,15 @@ class FlushScheduler:
                 errors[writer.shape] = files
             else:
                 ready.append((writer, batch, files))
-        # group commit: every member's files synced in one step, then the commits, then
-        # every committed member's log folder in one step; only then acknowledged
-        # (each member's log entry is written now and synced with its files)
-        prepared, failed = await asyncio.to_thread(_prepare_round, ready)
-        for i, error in failed.items():
-            errors[ready[i][0].shape] = error
-        loop = asyncio.get_running_loop()
-        commits: dict[str, asyncio.Future[CommitResult]] = {}
-        for i, (writer, batch, files) in enumerate(ready):
-            entry = prepared[i][1]
-            if i in failed:
-                if entry is not None:
-                    entry.unlink(missing_ok=True)
-                continue
-            commits[writer.shape] = loop.run_in_executor(
-                self._commits,
-                functools.partial(
-                    commit_files, writer.table, batch, files, write_s, grouped=True, prepared=entry
-                ),
-            )
-        outcomes = await asyncio.gather(*commits.values(), return_exceptions=True)
-        committed: list[tuple[ShapeWriter, Batch, CommitResult]] = []
-        results = dict(zip(commits, outcomes, strict=True))
-        for writer, batch in members:
-            outcome = results.get(writer.shape)
-            if isinstance(outcome, BaseException):
-                errors[writer.shape] = outcome
-            elif outcome is not None:
-                committed.append((writer, batch, outcome))
-        logs_synced = [(w.table, b, w.table.log_sync()) for w, b, _ in committed]
-        failed = await asyncio.to_thread(sync_group, logs_synced)
+        committed, failed = await group_commit(
+            [(w.table, b, files) for w, b, files in ready], self._commits, write_s
+        )
         self.cadence.observe(self._clock() - launched)
-        for i, (writer, batch, result) in enumerate(committed):
+        for i, (writer, batch, _) in enumerate(ready):
             if i in failed:
                 errors[writer.shape] = failed[i]
-            else:
-                self._committed(writer, batch, result)
+            elif i in committed:
+                self._committed(writer, batch, committed[i])
         return errors
 
     def _staging_dir(self, writer: ShapeWriter) -> Path:
