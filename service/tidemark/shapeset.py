@@ -61,6 +61,7 @@ from tidemark.replication.slot import add_tables_to_publication
 from tidemark.shapes.catalog import (
     CatalogTable,
     CheckedShape,
+    check_partition_publishing,
     check_shape,
     read_table,
     validate_shape,
@@ -280,7 +281,15 @@ class ShapeSet:
             if catalogs is not None:
                 catalogs[key] = catalog
         checked = check_shape(definition, catalog)
-        await self._check_partition_publishing(conn, catalog, definition.name)
+        shaped = {
+            s.bound.relation.oid: s.name
+            for s in self.statuses.values()
+            if s.bound is not None and s.name != definition.name
+        }
+        src = self.settings.source
+        await check_partition_publishing(
+            conn, catalog, shaped, src.publication, publish_all_tables=src.publish_all_tables
+        )
         table = self.tables.changelog(
             self.settings.sink.root, definition.name, epoch=self.store.epoch
         )
@@ -336,55 +345,6 @@ class ShapeSet:
                 reason = f"its claim ended: {last.reason}"
             self._queue_backfill(status, reason)
         return status
-
-    async def _check_partition_publishing(
-        self, conn: psycopg.AsyncConnection[tuple[Any, ...]], catalog: CatalogTable, name: str
-    ) -> None:
-        """A partitioned table's changes are published as its root's: a shape on one of
-        its partitions receives nothing while the root is published that way. Refuse the
-        shape that would be left without changes (ShapeError, saying what to do)."""
-        table = catalog.qualified_name
-        shaped = {
-            s.bound.relation.oid: s.name
-            for s in self.statuses.values()
-            if s.bound is not None and s.name != name
-        }
-        if catalog.kind == "p":
-            clash = sorted(shaped[m.oid] for m in catalog.partitions if m.oid in shaped)
-            if clash:
-                raise ShapeError(
-                    f"shape(s) {', '.join(clash)} follow partitions of {table}, whose changes "
-                    f"are published as {table}'s once a shape follows it: they would receive "
-                    f"nothing. Define them on {table} with a 'where' on the partition key, or "
-                    "remove them first"
-                )
-            return
-        cur = await conn.execute(
-            "select relid::bigint from pg_partition_ancestors(%s) where relid <> %s",
-            (catalog.oid, catalog.oid),
-        )
-        ancestors = [int(r[0]) for r in await cur.fetchall()]
-        if not ancestors:
-            return
-        src = self.settings.source
-        cur = await conn.execute(
-            "select p.puballtables, p.pubviaroot, exists (select 1 from pg_publication_rel r"
-            " where r.prpubid = p.oid and r.prrelid = any(%s)) from pg_publication p"
-            " where p.pubname = %s",
-            (ancestors, src.publication),
-        )
-        row = await cur.fetchone()
-        if row is None:  # tidemark creates it: FOR ALL TABLES publishes via the root
-            via_root = src.publish_all_tables or any(a in shaped for a in ancestors)
-        else:
-            via_root = bool(row[1]) and (bool(row[0]) or bool(row[2]))
-        if via_root:
-            raise ShapeError(
-                f"{table} is a partition, and publication '{src.publication}' publishes its "
-                "changes as its partitioned root's (publish_via_partition_root, with the root "
-                "published): a shape on the partition would receive nothing. Define the "
-                "shape on the root with a 'where' on the partition key"
-            )
 
     def _queue_backfill(self, status: ShapeStatus, reason: str) -> None:
         status.state, status.error = "backfilling", None

@@ -524,3 +524,57 @@ async def _domain_base(conn: Conn, domain_oid: int) -> tuple[int, int]:
 async def validate_shape(conn: Conn, definition: ShapeDefinition) -> CheckedShape:
     """Read ``definition``'s table from the catalog and check and bind the shape."""
     return check_shape(definition, await read_table(conn, definition))
+
+
+async def check_partition_publishing(
+    conn: Conn,
+    catalog: CatalogTable,
+    shaped: Mapping[int, str],
+    publication: str,
+    *,
+    publish_all_tables: bool,
+) -> None:
+    """A partitioned table's changes are published as its root's: a shape on one of
+    its partitions receives nothing while the root is published that way. Refuse the
+    shape that would be left without changes (ShapeError, saying what to do).
+    ``shaped``: the relations other shapes follow (oid -> shape name)."""
+    table = catalog.qualified_name
+    if catalog.kind == "p":
+        clash = sorted(shaped[m.oid] for m in catalog.partitions if m.oid in shaped)
+        if clash:
+            raise ShapeError(
+                f"shape(s) {', '.join(clash)} follow partitions of {table}, whose changes "
+                f"are published as {table}'s once a shape follows it: they would receive "
+                f"nothing. Define them on {table} with a 'where' on the partition key, or "
+                "remove them first"
+            )
+        return
+    ancestors = [
+        int(r[0])
+        for r in await _rows(
+            conn,
+            "select relid::bigint from pg_partition_ancestors(%s) where relid <> %s",
+            (catalog.oid, catalog.oid),
+        )
+    ]
+    if not ancestors:
+        return
+    rows = await _rows(
+        conn,
+        "select p.puballtables, p.pubviaroot, exists (select 1 from pg_publication_rel r"
+        " where r.prpubid = p.oid and r.prrelid = any(%s)) from pg_publication p"
+        " where p.pubname = %s",
+        (ancestors, publication),
+    )
+    if not rows:  # tidemark creates it: FOR ALL TABLES publishes via the root
+        via_root = publish_all_tables or any(a in shaped for a in ancestors)
+    else:
+        row = rows[0]
+        via_root = bool(row[1]) and (bool(row[0]) or bool(row[2]))
+    if via_root:
+        raise ShapeError(
+            f"{table} is a partition, and publication '{publication}' publishes its "
+            "changes as its partitioned root's (publish_via_partition_root, with the root "
+            "published): a shape on the partition would receive nothing. Define the "
+            "shape on the root with a 'where' on the partition key"
+        )
