@@ -1,7 +1,7 @@
 """The service: every part wired into one asyncio TaskGroup.
 
-Tasks: the replication reader (``ReplicationClient``), the consumer (decoder +
-``ShapeLogCollector``), the flush scheduler (Spark jobs), backfills, the monitor
+Tasks: the replication reader (``ReplicationClient``), the consumer (``StreamConsumer``:
+decoder + ``ShapeLogCollector``), the flush scheduler (Spark jobs), backfills, the monitor
 (checks against ``pg_stat_replication``), the HTTP API, and housekeeping
 (frontiers, metrics, systemd watchdog, table maintenance).
 
@@ -54,22 +54,20 @@ from tidemark.allocators import return_freed_memory
 from tidemark.api.port import Progress
 from tidemark.api.server import serve
 from tidemark.config import Settings, load_settings
+from tidemark.consumer import StreamConsumer
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
-from tidemark.errors import ProtocolError, ReplicationError, TidemarkError
+from tidemark.errors import ReplicationError, TidemarkError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lease import LeaderLease
 from tidemark.lsn import format_lsn
 from tidemark.observability import Metrics, refresh_metrics
-from tidemark.pgoutput.decoder import PgOutputDecoder
 from tidemark.reload import ReloadPlan, plan_reload
 from tidemark.replication import slot as slots
 from tidemark.replication.client import (
-    KeepaliveMark,
     ReplicationClient,
     SourceConfig,
     StreamStarted,
-    WalBatch,
 )
 from tidemark.replication.monitor import ReplicationMonitor, Violation
 from tidemark.replication.observe import observe_stream
@@ -84,8 +82,6 @@ from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
 log = structlog.get_logger("tidemark.app")
 
-FRAGMENT_CHANGES = 10_000  # backpressure check at least this often inside a batch
-FRAGMENT_BYTES = 4 * 1024 * 1024  # ... and at least every this many bytes received
 AUDIT_EVERY_S = 30.0  # tables' transaction versions checked against the writers
 AUDIT_TABLES_PER_ROUND = 50
 
@@ -156,13 +152,10 @@ class Service:
         self.monitor: ReplicationMonitor | None = None
         self._stop = asyncio.Event()
         self._deposed = asyncio.Event()  # a newer leader took over (tidemark.fencing)
-        self._consume_lock = asyncio.Lock()
-        self._decoder: PgOutputDecoder | None = None
-        self._last_keepalive_end: int | None = None
-        self._idle_processed: int | None = None  # a keepalive reached with nothing held
+        self.consumer = StreamConsumer(self.collector, self.metrics, on_started=self._started)
+        self._consume_lock = self.consumer.lock
         self._frontiers_dirty = True
         self._audit_next = 0
-        self._txn_arrivals: list[tuple[int, float]] = []  # (commit lsn, monotonic) for ack lag
         self._stalls = StallWatch()
         self._reload_lock = asyncio.Lock()
         self._reloads: set[asyncio.Task[Any]] = set()
@@ -217,83 +210,18 @@ class Service:
         self._frontiers_dirty = True
         if self.client is not None:
             self.client.note_durable(lsn)
-            self._maybe_idle()
+            self.consumer.maybe_idle(self.client)
         self.shapeset.promote()
-        now = time.monotonic()
-        arrivals = self._txn_arrivals
-        done = 0
-        for commit_lsn, at in arrivals:
-            if commit_lsn > lsn:
-                break
-            self.metrics.ack_lag_seconds.observe(now - at)
-            done += 1
-        if done:
-            del arrivals[:done]
+        self.consumer.acknowledged(lsn)
 
-    def _maybe_idle(self) -> None:
-        end = self._last_keepalive_end
-        if end is not None and self.client is not None and self.collector.idle:
-            self.client.note_idle(end)
+    # -- the consumer (tidemark.consumer) ------------------------------------------------
 
-    # -- the consumer ------------------------------------------------------------------
-
-    async def _consume(self) -> None:
-        assert self.client is not None
-        queue = self.client.queue
-        while not self._stop.is_set():
-            item = await queue.get()
-            if self._stop.is_set():
-                break
-            async with self._consume_lock:
-                if type(item) is WalBatch:
-                    try:
-                        await self._consume_batch(item)
-                    finally:
-                        self.client.consumed(item)
-                elif type(item) is KeepaliveMark:
-                    self._last_keepalive_end = item.wal_end
-                    if not self.collector.in_txn:
-                        # every transaction before it was processed; what writers still
-                        # hold of them bounds the acknowledgement on its own
-                        self._idle_processed = item.wal_end
-                    self._maybe_idle()
-                elif type(item) is StreamStarted:
-                    self._decoder = PgOutputDecoder(item.proto_version)
-                    self._last_keepalive_end = None
-                    if item.reconnect:
-                        self.collector.stream_restarted()
-                        self.metrics.reconnects.inc()
-                    self.phase = "streaming"
-                    systemd.notify("READY=1")
-
-    async def _consume_batch(self, batch: WalBatch) -> None:
-        """The hot path: decode and route every message of one read from the socket."""
-        scheduler, decoder, collector = self.scheduler, self._decoder, self.collector
-        assert scheduler is not None and decoder is not None
-        decode, handle, metrics = decoder.decode, collector.handle, self.metrics
-        before_txns = collector.stats.transactions
-        count = received = 0
-        for payload in batch.payloads:
-            try:
-                message = decode(payload)
-            except ProtocolError:
-                metrics.decode_errors.inc()
-                raise
-            size = len(payload)
-            handle(message, size)
-            count += 1
-            received += size
-            if count >= FRAGMENT_CHANGES or received >= FRAGMENT_BYTES:
-                count = received = 0
-                scheduler.poke()
-                await scheduler.wait_for_room()
-        new_txns = collector.stats.transactions - before_txns
-        if new_txns and collector.last_commit_lsn is not None:
-            metrics.transactions.inc(new_txns)
-            if len(self._txn_arrivals) < 100_000:
-                self._txn_arrivals.append((collector.last_commit_lsn, time.monotonic()))
-        scheduler.poke()
-        await scheduler.wait_for_room()
+    def _started(self, started: StreamStarted) -> None:
+        """The client (re)started the stream: the service streams."""
+        if started.reconnect:
+            self.metrics.reconnects.inc()
+        self.phase = "streaming"
+        systemd.notify("READY=1")
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -381,7 +309,9 @@ class Service:
             async with asyncio.TaskGroup() as group:
                 tasks = [
                     group.create_task(self.client.run(), name="replication"),
-                    group.create_task(self._consume(), name="consumer"),
+                    group.create_task(
+                        self.consumer.run(self.client, self.scheduler, self._stop), name="consumer"
+                    ),
                     group.create_task(self.scheduler.run(), name="scheduler"),
                     group.create_task(
                         self.shapeset.run_backfills(self.client.streaming_started),
@@ -616,7 +546,7 @@ class Service:
         if client is None or client.start_lsn is None:
             return None
         processed = max(
-            client.start_lsn, self.collector.last_commit_lsn or 0, self._idle_processed or 0
+            client.start_lsn, self.collector.last_commit_lsn or 0, self.consumer.idle_processed or 0
         )
         held = self._held_lsns()
         return min(processed, min(held) - 1) if held else processed
@@ -632,7 +562,7 @@ class Service:
         return (
             f"started at {format_lsn(client.start_lsn) if client and client.start_lsn else '-'}, "
             f"last commit processed {format_lsn(self.collector.last_commit_lsn or 0)}, "
-            f"idle keepalive {format_lsn(self._idle_processed or 0)}, oldest held: "
+            f"idle keepalive {format_lsn(self.consumer.idle_processed or 0)}, oldest held: "
             + (", ".join(f"{s} at {format_lsn(lsn)}" for lsn, s in held) or "none")
         )
 
@@ -672,10 +602,7 @@ class Service:
     def lag_seconds(self, frontier: int) -> float:
         """How long the oldest transaction received past ``frontier`` has waited (0 when
         none has): a shape's lag in seconds, given its frontier."""
-        for commit_lsn, arrived in self._txn_arrivals:
-            if commit_lsn > frontier:
-                return max(0.0, time.monotonic() - arrived)
-        return 0.0
+        return self.consumer.waited_since(frontier)
 
     def progress(self) -> Progress:
         fb = self.client.feedback if self.client else None

@@ -1,0 +1,139 @@
+"""The consumer: the replication client's queue in, decoded messages routed to shapes.
+
+One task reads what the client put in its queue, in stream order:
+
+- a ``WalBatch`` (every message one socket read brought): each payload decoded
+  (``PgOutputDecoder``) and handed to the ``ShapeLogCollector``; the writers are
+  poked, and the consumer waits for memory (``FlushScheduler.wait_for_room``) every
+  ``FRAGMENT_CHANGES`` changes or ``FRAGMENT_BYTES`` bytes and after each batch: that
+  wait is the backpressure that stops the client reading the socket;
+- a ``KeepaliveMark``: with no transaction open, every transaction before it was
+  processed, so its ``wal_end`` may be acknowledged once nothing is held
+  (``maybe_idle``, re-checked by the service after every durable notification);
+- a ``StreamStarted``: a new decoder for the protocol version, a half-received
+  transaction dropped on a reconnect (Postgres sends it again).
+
+Nothing is processed while ``lock`` is held (``ShapeSet`` pauses the stream with it
+to change shapes between batches). ``arrivals`` dates each batch's last commit, for
+the acknowledgement lag and a shape's lag in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Final
+
+from tidemark.collector import ShapeLogCollector
+from tidemark.errors import ProtocolError
+from tidemark.observability import Metrics
+from tidemark.pgoutput.decoder import PgOutputDecoder
+from tidemark.replication.client import KeepaliveMark, ReplicationClient, StreamStarted, WalBatch
+from tidemark.writers.scheduler import FlushScheduler
+
+FRAGMENT_CHANGES: Final = 10_000  # backpressure check at least this often inside a batch
+FRAGMENT_BYTES: Final = 4 * 1024 * 1024  # ... and at least every this many bytes received
+ARRIVALS_KEPT: Final = 100_000
+
+
+class StreamConsumer:
+    def __init__(
+        self,
+        collector: ShapeLogCollector,
+        metrics: Metrics,
+        *,
+        on_started: Callable[[StreamStarted], None],
+    ) -> None:
+        self.collector = collector
+        self.metrics = metrics
+        self.lock = asyncio.Lock()
+        self.decoder: PgOutputDecoder | None = None
+        self.last_keepalive_end: int | None = None
+        self.idle_processed: int | None = None  # a keepalive reached with nothing held
+        self.arrivals: list[tuple[int, float]] = []  # (commit lsn, monotonic) for ack lag
+        self._on_started = on_started
+
+    async def run(
+        self, client: ReplicationClient, scheduler: FlushScheduler, stop: asyncio.Event
+    ) -> None:
+        queue = client.queue
+        while not stop.is_set():
+            item = await queue.get()
+            if stop.is_set():
+                break
+            async with self.lock:
+                if type(item) is WalBatch:
+                    try:
+                        await self._batch(item, scheduler)
+                    finally:
+                        client.consumed(item)
+                elif type(item) is KeepaliveMark:
+                    self.last_keepalive_end = item.wal_end
+                    if not self.collector.in_txn:
+                        # every transaction before it was processed; what writers still
+                        # hold of them bounds the acknowledgement on its own
+                        self.idle_processed = item.wal_end
+                    self.maybe_idle(client)
+                elif type(item) is StreamStarted:
+                    self.decoder = PgOutputDecoder(item.proto_version)
+                    self.last_keepalive_end = None
+                    if item.reconnect:
+                        self.collector.stream_restarted()
+                    self._on_started(item)
+
+    def maybe_idle(self, client: ReplicationClient) -> None:
+        """Acknowledge the last keepalive's ``wal_end`` if nothing is held now."""
+        end = self.last_keepalive_end
+        if end is not None and self.collector.idle:
+            client.note_idle(end)
+
+    async def _batch(self, batch: WalBatch, scheduler: FlushScheduler) -> None:
+        """The hot path: decode and route every message of one read from the socket."""
+        decoder, collector = self.decoder, self.collector
+        assert decoder is not None
+        decode, handle, metrics = decoder.decode, collector.handle, self.metrics
+        before_txns = collector.stats.transactions
+        count = received = 0
+        for payload in batch.payloads:
+            try:
+                message = decode(payload)
+            except ProtocolError:
+                metrics.decode_errors.inc()
+                raise
+            size = len(payload)
+            handle(message, size)
+            count += 1
+            received += size
+            if count >= FRAGMENT_CHANGES or received >= FRAGMENT_BYTES:
+                count = received = 0
+                scheduler.poke()
+                await scheduler.wait_for_room()
+        new_txns = collector.stats.transactions - before_txns
+        if new_txns and collector.last_commit_lsn is not None:
+            metrics.transactions.inc(new_txns)
+            if len(self.arrivals) < ARRIVALS_KEPT:
+                self.arrivals.append((collector.last_commit_lsn, time.monotonic()))
+        scheduler.poke()
+        await scheduler.wait_for_room()
+
+    def acknowledged(self, lsn: int) -> None:
+        """Every transaction through ``lsn`` is durable: observe their ack lag."""
+        now = time.monotonic()
+        arrivals = self.arrivals
+        done = 0
+        for commit_lsn, at in arrivals:
+            if commit_lsn > lsn:
+                break
+            self.metrics.ack_lag_seconds.observe(now - at)
+            done += 1
+        if done:
+            del arrivals[:done]
+
+    def waited_since(self, frontier: int) -> float:
+        """How long the oldest transaction received past ``frontier`` has waited (0 when
+        none has)."""
+        for commit_lsn, arrived in self.arrivals:
+            if commit_lsn > frontier:
+                return max(0.0, time.monotonic() - arrived)
+        return 0.0
