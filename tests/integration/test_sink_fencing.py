@@ -342,3 +342,72 @@ def test_a_mark_racing_an_older_leaders_commit_makes_it_a_conflict(tmp_path: Pat
         assert not mark_table(table.path, 2)  # (marked once)
     finally:
         fencing.install(fencing.Fence())
+
+
+def _deposed_root(tmp_path: Path) -> str:
+    """A sink root whose leader (this process) holds epoch 1."""
+    from tidemark import fencing
+
+    (tmp_path / "_tidemark").mkdir()
+    (tmp_path / "_tidemark" / "leader.json").write_text('{"epoch": 1}')
+    fencing.install(fencing.Fence(str(tmp_path), 1))
+    return str(tmp_path)
+
+
+def test_a_deposed_leader_writes_no_log_entry_ahead_of_a_commit(tmp_path: Path) -> None:
+    """A flush round writes each member's log entry ahead of its commit
+    (``ShapeTable.prepare``), as a temp file in ``_delta_log/``; a leader deposed by
+    then writes none (a deposed leader's round left three on a CI run)."""
+    from tidemark import fencing
+
+    try:
+        root = _deposed_root(tmp_path)
+        table = ShapeTable(root, SHAPE)
+        table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+        assert table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1) == 1
+        staged = _batch_files(table, BATCH + 1, 2 * BATCH)
+        # when a newer leader takes over while the old one's round is writing
+        assert fencing.advance(root, "test") == 2
+        # then the old one's entry is refused before it is written
+        with pytest.raises(fencing.Deposed):
+            table.prepare(staged, 2 * BATCH)
+        assert not list(table.log_dir.glob("_commit_*"))
+    finally:
+        fencing.install(fencing.Fence())
+
+
+def test_a_round_deposed_while_it_prepares_leaves_none_of_its_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The takeover lands between two members' entries: the round fails, and the
+    entry it had written for the first member is removed with it."""
+    from tidemark import fencing
+    from tidemark.lsn import LogOffset
+    from tidemark.writers import group_commit
+    from tidemark.writers.buffer import Batch, Rows
+
+    try:
+        root = _deposed_root(tmp_path)
+        members = []
+        for i, name in enumerate(["first", "second"]):
+            table = ShapeTable(root, name)
+            table.create(table_schema(COLUMNS), ["id"], {"name": name})
+            assert table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1) == 1
+            end = (i + 2) * BATCH
+            batch = Batch(name, Rows(), [], end, LogOffset(end, 0), 1, 0.0, first_lsn=end)
+            members.append((table, batch, _batch_files(table, end - BATCH + 1, end)))
+        prepared = group_commit.prepared_sync
+
+        def then_taken_over(*args: Any) -> Any:
+            out = prepared(*args)
+            fencing.advance(root, "test")  # (after the first member's entry)
+            return out
+
+        monkeypatch.setattr(group_commit, "prepared_sync", then_taken_over)
+        with pytest.raises(fencing.Deposed):
+            asyncio.run(group_commit.group_commit(members, None, 0.0))  # type: ignore[arg-type]
+        for table, _, _ in members:
+            assert not list(table.log_dir.glob("_commit_*"))
+            assert DeltaTable(table.uri).version() == 1
+    finally:
+        fencing.install(fencing.Fence())
