@@ -42,6 +42,7 @@ def lsn_of(k: int) -> int:
 
 def main(root: str) -> None:
     from tests.integration.sink_support import make_feeder, open_writer
+    from tidemark.sink.delta.table import ShapeTable
     from tidemark.spark import build_session
     from tidemark.writers import job
     from tidemark.writers import scheduler as scheduler_module
@@ -51,7 +52,7 @@ def main(root: str) -> None:
         print(text, flush=True)
         time.sleep(0.3)
 
-    real_write, real_commit = job.write_parquet, job.ShapeTable.commit
+    real_write, real_commit = job.write_parquet, ShapeTable.commit
     real_round = scheduler_module.write_round
     turns = threading.Lock()
     pending: set[str] = set()  # members of the round being committed
@@ -78,7 +79,7 @@ def main(root: str) -> None:
             return version
 
     job.write_parquet = write_parquet
-    job.ShapeTable.commit = commit  # type: ignore[method-assign]
+    ShapeTable.commit = commit  # type: ignore[method-assign]
     scheduler_module.write_round = write_round
 
     spark = build_session()
