@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
 from deltalake import DeltaTable
 
 from tidemark import fencing
@@ -25,8 +24,6 @@ from tidemark.sink.delta.current import CurrentTable, current_path
 from tidemark.sink.delta.log import entries_sync
 from tidemark.sink.delta.table import ShapeTable, set_aside, table_path
 from tidemark.sink.port import ChangelogTable, RefreshResult, RetentionResult
-
-log = structlog.get_logger("tidemark.sink")
 
 
 class DeltaFormat:
