@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
@@ -84,6 +86,8 @@ log = structlog.get_logger("tidemark.app")
 
 AUDIT_EVERY_S = 30.0  # tables' transaction versions checked against the writers
 AUDIT_TABLES_PER_ROUND = 50
+# a deposed leader whose event loop has not stopped the service by then exits at once
+DEPOSED_EXIT_S = 15.0
 
 
 class Service:
@@ -152,6 +156,7 @@ class Service:
         self.monitor: ReplicationMonitor | None = None
         self._stop = asyncio.Event()
         self._deposed = asyncio.Event()  # a newer leader took over (tidemark.fencing)
+        self._deposed_exit: threading.Timer | None = None
         self.consumer = StreamConsumer(self.collector, self.metrics, on_started=self._started)
         self._consume_lock = self.consumer.lock
         self._frontiers_dirty = True
@@ -341,6 +346,8 @@ class Service:
             self.phase = "failed"
             raise errors.exceptions[0] from None
         finally:
+            if self._deposed_exit is not None:  # (stopping on its own: no forced exit)
+                self._deposed_exit.cancel()
             self.metrics.up.set(0)
             self.metrics.streaming.set(0)
             if self.lease is not None:  # after the walsender stopped: a standby may lead now
@@ -428,7 +435,15 @@ class Service:
         return held
 
     def _deposed_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A write found a newer leader (any thread): the service stops (exit status 1).
+        Should the event loop not get to it within ``DEPOSED_EXIT_S`` (blocked, or its
+        tasks waiting on what the new leader holds), the process exits from a timer
+        thread: a deposed leader must stop whatever its loop does."""
         loop.call_soon_threadsafe(self._deposed.set)
+        if self._deposed_exit is None:
+            self._deposed_exit = threading.Timer(DEPOSED_EXIT_S, _exit_deposed)
+            self._deposed_exit.daemon = True
+            self._deposed_exit.start()
 
     async def _watch_fence(self) -> None:
         """Stop the service (exit status 1) once a write found a newer leader."""
@@ -780,9 +795,17 @@ class Service:
                     )
 
 
+def _exit_deposed() -> None:
+    log.error(
+        "lease.deposed_exit_forced",
+        waited_s=DEPOSED_EXIT_S,
+        meaning="deposed, and the service did not stop on its own: the process exits",
+    )
+    os._exit(1)
+
+
 def _holder_name() -> str:
     """Who took the lease, for ``leader.json``: host and process."""
-    import os
     import socket
 
     return f"{socket.gethostname()} pid {os.getpid()}"

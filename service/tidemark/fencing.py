@@ -142,8 +142,17 @@ class Fence:
         if self.deposed is not None:
             raise Deposed(self.deposed)
         if self.suspended is not None:
-            self._await_resume()
-        assert self.root is not None
+            try:
+                self._await_resume()
+            except LeaseUnconfirmed:
+                # (not only unconfirmed if a newer leader took over meanwhile: a writer
+                # finds it here even when the task confirming the lease cannot run)
+                self._check_epoch()
+                raise
+        self._check_epoch()
+
+    def _check_epoch(self) -> None:
+        assert self.root is not None and self.epoch is not None
         newest = read_epoch(self.root, self.instance)
         if newest > self.epoch:
             self.depose(

@@ -248,7 +248,8 @@ class LeaderLease:
                     if await self.try_acquire():
                         log.info("lease.reacquired", slot=self.slot)
                         return
-            except (psycopg.OperationalError, TimeoutError):
+            except (psycopg.OperationalError, TimeoutError) as exc:
+                log.warning("lease.retake_failed", slot=self.slot, error=str(exc).strip())
                 await self.close()  # the source is still away: try again
                 await asyncio.sleep(self.check_s)
                 continue

@@ -122,3 +122,22 @@ def test_a_write_off_the_loop_waits_for_the_lease_and_one_on_it_does_not(
         fence.depose("a newer leader")
     second.join(5)
     assert len(failed) == 1
+
+
+def test_a_suspended_writer_finds_a_newer_leader_without_the_lease_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer waiting on a suspended lease learns of a takeover from the epoch file
+    when its wait ends, whether or not the task that confirms the lease could run (a
+    frozen or blocked event loop): deposed, not merely unconfirmed."""
+    monkeypatch.setattr(fencing, "SUSPENDED_WAIT_S", 0.05)
+    fence = fencing.Fence(tmp_path, fencing.advance(tmp_path, "me"))
+    heard: list[str] = []
+    fence.on_deposed(heard.append)
+    fence.suspend("lease not confirmed")
+    with pytest.raises(fencing.LeaseUnconfirmed):
+        fence.check()  # nobody else: still only unconfirmed
+    fencing.advance(tmp_path, "other")
+    with pytest.raises(fencing.Deposed, match="epoch 2"):
+        fence.check()
+    assert len(heard) == 1
