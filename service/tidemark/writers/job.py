@@ -504,7 +504,7 @@ def _write_partitioned(
 # rows: 2388 bytes plain, 2277 with Snappy; 100 rows: 6741 against 3608), and a
 # round of 500 such files took about a third less of the JVM's CPU uncompressed
 # (0.49-0.70 s against 0.72-0.86 s).
-# Upkeep's compaction (deltalake's optimize) rewrites small files with ZSTD later.
+# Upkeep's compaction (``ChangelogTable.compact``) rewrites small files with ZSTD later.
 PLAIN_MEMBER_BYTES = 2048
 
 
