@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidemark import read
-from tidemark.sink.delta import current
+from tidemark.sink import current
 from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.spark import build_session

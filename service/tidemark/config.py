@@ -127,6 +127,12 @@ _SPARK_MASTER = re.compile(
 
 class SinkSettings(_Section):
     root: str = Field(default="./tidemark-data", description="folder or URI of the tables")
+    format: Literal["delta", "iceberg"] = Field(
+        default="delta",
+        description="the table format of every shape's tables: delta or iceberg (an "
+        "[iceberg] section says where its catalog is); a sink root keeps the format it "
+        "was started with",
+    )
     sync: bool = Field(
         default=True,
         description="sync every file, log entry and folder a commit depends on before it "
@@ -150,6 +156,41 @@ class SinkSettings(_Section):
         description="drop changelog rows older than this once the current-state table "
         "holds them folded (default: keep everything)",
     )
+
+
+class IcebergSettings(_Section):
+    """The Iceberg catalog of ``[sink] format = "iceberg"`` (``tidemark.sink.iceberg``)."""
+
+    catalog_uri: str = Field(
+        default="",
+        description="the catalog: empty for a SQLite file under the sink root "
+        "(_tidemark/iceberg.db, nothing to run), postgresql://user:pass@host/db (a "
+        "PostgreSQL database; tidemark creates its two tables), sqlite:///path, or "
+        "http(s)://host/... (an Iceberg REST catalog)",
+    )
+    namespace: str = Field(
+        default="tidemark",
+        description="where the changelog tables are (<namespace>.<shape>); the current-state "
+        "tables are in <namespace>_current",
+    )
+    format_version: Literal[2, 3] = Field(
+        default=2, description="the Iceberg table format version of new tables"
+    )
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="more catalog properties, passed to pyiceberg (e.g. a REST catalog's "
+        "credential or token)",
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _plain_namespace(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", value):
+            raise ValueError(
+                f"{value!r} is not a namespace tidemark can use: 1-63 letters, digits and "
+                "underscores, not starting with a digit"
+            )
+        return value
 
 
 class CurrentSettings(_Section):
@@ -355,6 +396,7 @@ class Settings(BaseSettings):
 
     source: SourceSettings = Field(default_factory=SourceSettings)
     sink: SinkSettings = Field(default_factory=SinkSettings)
+    iceberg: IcebergSettings = Field(default_factory=IcebergSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     flush: FlushSettings = Field(default_factory=FlushSettings)
     current: CurrentSettings = Field(default_factory=CurrentSettings)

@@ -46,7 +46,7 @@ def fold(url: str, root: str, dsn: str, truth: dict[str, str]) -> dict[str, obje
 def refreshed_together(
     spark: object, root: str, dsn: str, truth: dict[str, str]
 ) -> dict[str, object]:
-    from tidemark.sink.delta import current
+    from tidemark.sink import current
 
     done = current.refresh_many(spark, root, list(truth), buckets=4)
     return {
@@ -58,7 +58,7 @@ def refreshed_together(
 
 
 def refreshed_equals(spark: object, root: str, shape: str, query: str, dsn: str) -> bool:
-    from tidemark.sink.delta import current
+    from tidemark.sink import current
 
     current.refresh(spark, root, shape, buckets=4)
     return read_equals(root, shape, query, dsn)
@@ -68,7 +68,7 @@ def read_equals(root: str, shape: str, query: str, dsn: str) -> bool:
     import psycopg
     from deltalake import DeltaTable
 
-    from tidemark.sink.delta import current
+    from tidemark.sink import current
     from tidemark.verify import normalise
 
     rows = DeltaTable(str(current.current_path(root, shape))).to_pyarrow_table().to_pylist()

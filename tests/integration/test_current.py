@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from tidemark import read
 from tidemark.errors import SinkError
-from tidemark.sink.delta import current, retention
+from tidemark.sink import current, retention
+from tidemark.sink.delta.current import CurrentTable
 from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.schema import ColumnSpec, table_schema
 
@@ -155,7 +156,7 @@ def as_state(rows: list[dict[str, Any]]) -> State:
 def check(spark: Any, lake: Lake) -> None:
     got = as_state([r.asDict() for r in read.current(spark, lake.root, lake.name).collect()])
     assert got == lake.source, lake.name
-    table = current.CurrentTable(lake.root, lake.name)
+    table = CurrentTable(lake.root, lake.name)
     if table.exists():
         # any Delta reader: the rows, and the LSN the newest refresh commit records
         dt = DeltaTable(table.uri)

@@ -32,7 +32,8 @@ from tests.crashfs import CrashFS, require_crashfs
 from tidemark import durable, read
 from tidemark.api.server import shape_json
 from tidemark.shapes.model import ShapeDefinition
-from tidemark.sink.delta import current, retention
+from tidemark.sink import current, retention
+from tidemark.sink.delta.current import CurrentTable
 from tidemark.sink.delta.table import ShapeTable
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
@@ -159,7 +160,7 @@ def check_survivors(spark: Any, root: Path, model: Model, acknowledged: int) -> 
     for shape in SHAPES:
         table = ShapeTable(root, shape)
         assert table.recover(), f"{shape}: the table is gone"
-        current.CurrentTable(root, shape).recover()
+        CurrentTable(root, shape).recover()
         committed = table.committed_lsn() or 0
         needed = model.last_touching(shape, acknowledged)
         assert committed >= needed, (

@@ -13,16 +13,11 @@ import pytest
 
 from tidemark.config import Settings
 from tidemark.observability import Metrics
-from tidemark.sink.delta import current
-from tidemark.sink.delta.current import (
-    ChangelogFile,
-    ChangelogView,
-    RefreshPoint,
-    bucket_dir,
-    bucket_of_path,
-    current_schema,
-)
-from tidemark.sink.delta.retention import current_vacuum_hours, retention_boundary
+from tidemark.sink import current
+from tidemark.sink.current import bucket_dir, bucket_of_path
+from tidemark.sink.port import ChangelogFile, ChangelogView, RefreshPoint
+from tidemark.sink.schema import current_schema
+from tidemark.sink.retention import current_vacuum_hours, retention_boundary
 from tidemark.sink.schema import ColumnSpec, primary_key_of, table_schema
 from tidemark.upkeep import CurrentKeeper
 
@@ -181,7 +176,7 @@ def small_plan(table_bytes: int, tail_bytes: int, buckets: int | None) -> Any:
         table=None,  # type: ignore[arg-type]
         view=view,
         target=pa.schema([]),
-        dt=None,
+        pinned=None,
         point=point,
         regenerate=point is None,
         new_columns=False,

@@ -68,6 +68,74 @@ class RetentionResult:
     rows_dropped: int
 
 
+@dataclass(frozen=True, slots=True)
+class RefreshPoint:
+    """What a refresh commit recorded: the table holds the fold through ``lsn``."""
+
+    version: int  # the current table's version of that commit
+    lsn: int
+    generation: int
+    buckets: int
+    timestamp_ms: int
+    changelog_id: str = ""  # the changelog's identity (a table made again differs)
+
+    def folds(self, view_generation: int, changelog_id: str) -> bool:
+        """Whether this refresh folded the same changelog generation."""
+        same_table = not self.changelog_id or self.changelog_id == changelog_id
+        return self.generation == view_generation and same_table
+
+
+@dataclass(frozen=True, slots=True)
+class ChangelogFile:
+    path: str  # relative to the table folder
+    uri: str
+    size: int
+    min_lsn: int | None  # None: no statistics
+    max_lsn: int | None
+    rows: int
+
+    def reaches_past(self, lsn: int | None) -> bool:
+        """Whether it may hold rows with ``_lsn > lsn`` (without statistics: yes)."""
+        return lsn is None or self.max_lsn is None or self.max_lsn > lsn
+
+
+@dataclass(frozen=True, slots=True)
+class ChangelogView:
+    """One pinned version of a shape's changelog: its files with their ``_lsn`` range."""
+
+    version: int
+    generation: int
+    table_id: str
+    schema: pa.Schema
+    primary_key: list[str]
+    files: list[ChangelogFile]
+    # rows at or below it were dropped by retention in this generation (None: none)
+    retained_lsn: int | None = None
+
+    @property
+    def max_lsn(self) -> int | None:
+        highs = [f.max_lsn for f in self.files if f.max_lsn is not None]
+        return max(highs) if highs else None
+
+    def files_after(self, lsn: int | None) -> list[ChangelogFile]:
+        """The files that may hold rows with ``_lsn > lsn``."""
+        return [f for f in self.files if f.reaches_past(lsn)]
+
+    def rows_after(self, lsn: int | None) -> int:
+        """At most this many rows have ``_lsn > lsn`` (whole files counted)."""
+        return sum(f.rows for f in self.files_after(lsn))
+
+
+@dataclass(frozen=True, slots=True)
+class Pinned:
+    """The newest version of a current-state table, as a refresh starts from it."""
+
+    handle: Any  # the format's own (a Delta table, an Iceberg table), for the commit
+    version: int
+    point: RefreshPoint | None  # the newest refresh it holds (None: never refreshed)
+    schema: pa.Schema
+
+
 class ChangelogTable(Protocol):
     """One shape's changelog table. Thread-safe: commits come from worker threads."""
 
@@ -144,6 +212,9 @@ class ChangelogTable(Protocol):
     def file_uris(self) -> list[str]:
         """The data files of the newest version, for a reader."""
 
+    def view(self) -> ChangelogView:
+        """The newest version pinned: its files with their ``_lsn`` range."""
+
     # -- commits --------------------------------------------------------------------------
     def files_sync(self, files: Sequence[DataFile]) -> SyncSet:
         """What makes ``files`` durable before a commit names them."""
@@ -181,10 +252,57 @@ class ChangelogTable(Protocol):
         snapshot's ``files``, removes ``remove`` and raises the generation;
         ``replace=(schema, primary_key)`` replaces the schema and key with them."""
 
+    def retention_commit(
+        self, remove: Sequence[tuple[str, int]], files: Sequence[DataFile], retained_lsn: int
+    ) -> int:
+        """Replace ``remove`` by ``files`` (the same rows without those at or below
+        ``retained_lsn``) and record ``retained_lsn`` for the generation, in one commit."""
+
     # -- upkeep ---------------------------------------------------------------------------
     def compact(self, target_size: int = 128 * 1024 * 1024) -> dict[str, Any]: ...
 
     def vacuum(self, retention_hours: int = 24, keep: Sequence[DataFile] = ()) -> list[str]: ...
+
+
+class CurrentState(Protocol):
+    """One shape's current-state table, as a refresh (``tidemark.sink.current``) and a
+    reader see it."""
+
+    shape: str
+    path: Path  # Spark's output is moved into its bucket folders
+    uri: str
+
+    def exists(self) -> bool: ...
+
+    def recover(self) -> None:
+        """At start: repair what a power loss left of the last run's commits."""
+
+    def pinned(self) -> Pinned | None:
+        """The newest version (None: no table yet)."""
+
+    def points(self) -> list[RefreshPoint]:
+        """Every refresh still readable, newest first."""
+
+    def files_by_bucket(self, pinned: Pinned) -> dict[int, list[tuple[str, int]]]:
+        """The files of ``pinned`` (relative path, size) by bucket (-1: no bucket)."""
+
+    def file_uris(self, version: int | None = None) -> list[str]:
+        """The data files of ``version`` (None: the newest), for a reader."""
+
+    def commit(
+        self,
+        pinned: Pinned | None,
+        removed: Sequence[tuple[str, int]],
+        added: Sequence[DataFile],
+        schema: pa.Schema,
+        metadata: Mapping[str, str],
+        *,
+        overwrite: bool,
+    ) -> None:
+        """One refresh commit on ``pinned`` (None: create the table with it): remove
+        ``removed``, add ``added`` (synced first), record ``metadata``; ``overwrite``
+        replaces every file and the schema. Refused when another refresh or a newer
+        leader committed since ``pinned``; durable when it returns."""
 
 
 class TableFormat(Protocol):
@@ -194,6 +312,9 @@ class TableFormat(Protocol):
 
     def changelog(self, root: str | Path, shape: str, *, epoch: int = 1) -> ChangelogTable:
         """The changelog of ``shape`` (``epoch``: the stream epoch its offsets are on)."""
+
+    def current(self, root: str | Path, shape: str) -> CurrentState:
+        """The current-state table of ``shape``."""
 
     def folders(self, root: str | Path, shape: str) -> tuple[Path, Path]:
         """Where the changelog and the current-state table of ``shape`` live."""

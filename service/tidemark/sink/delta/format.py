@@ -19,8 +19,10 @@ from typing import Any
 from deltalake import DeltaTable
 
 from tidemark import fencing
-from tidemark.sink.delta import current, epochs, retention
-from tidemark.sink.delta.current import CurrentTable, current_path
+from tidemark.sink import current, retention
+from tidemark.sink.current import current_path
+from tidemark.sink.delta import epochs
+from tidemark.sink.delta.current import CurrentTable
 from tidemark.sink.delta.log import entries_sync
 from tidemark.sink.delta.table import ShapeTable, set_aside, table_path
 from tidemark.sink.port import ChangelogTable, RefreshResult, RetentionResult
@@ -33,6 +35,9 @@ class DeltaFormat:
 
     def changelog(self, root: str | Path, shape: str, *, epoch: int = 1) -> ShapeTable:
         return ShapeTable(root, shape, epoch=epoch)
+
+    def current(self, root: str | Path, shape: str) -> CurrentTable:
+        return CurrentTable(root, shape)
 
     def folders(self, root: str | Path, shape: str) -> tuple[Path, Path]:
         return table_path(root, shape), current_path(root, shape)
@@ -66,12 +71,13 @@ class DeltaFormat:
             buckets=buckets,
             parallelism=parallelism,
             small_bytes=small_bytes,
+            tables=self,
         )
 
     def compact_changelog(
         self, spark: Any, root: str | Path, shape: str, retention_hours: float
     ) -> RetentionResult | None:
-        return retention.compact_changelog(spark, root, shape, retention_hours)
+        return retention.compact_changelog(spark, root, shape, retention_hours, tables=self)
 
     def vacuum_and_clean(self, root: str | Path, shape: str, floor_hours: int) -> None:
         vacuum_and_clean(root, shape, floor_hours)
@@ -84,7 +90,11 @@ class DeltaFormat:
     ) -> tuple[list[str], int] | None:
         generation = table.generation()
         start = current.read_start(
-            root, table.shape, generation, table.identity(), table.retained_lsn(generation), as_of
+            CurrentTable(root, table.shape),
+            generation,
+            table.identity(),
+            table.retained_lsn(generation),
+            as_of,
         )
         if start is None:
             return None

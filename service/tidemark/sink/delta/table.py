@@ -76,7 +76,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -86,7 +85,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
@@ -94,9 +92,11 @@ from deltalake.transaction import RemoveAction
 
 from tidemark import fencing
 from tidemark.durable import SyncSet, make_dirs, publish_new, write_synced
-from tidemark.errors import SinkError, TableDamaged, WriterFenced
+from tidemark.errors import SinkError, TableDamaged
 from tidemark.sink.delta.log import add_action, add_entry, entries_sync, recover_log
-from tidemark.sink.files import DataFile, describe_file, file_stats
+from tidemark.sink.files import DataFile
+from tidemark.sink.folder import TableFolder, holds
+from tidemark.sink.port import ChangelogView
 from tidemark.sink.schema import OP, primary_key_of, with_primary_key
 
 log = structlog.get_logger("tidemark.sink")
@@ -104,7 +104,6 @@ log = structlog.get_logger("tidemark.sink")
 APP_PREFIX = "tidemark:"
 GENERATION_PREFIX = "tidemark-generation:"
 RETAINED_PREFIX = "tidemark-retained:"
-SPOOL_DIR = "_spool"
 COMMIT_ATTEMPTS = 5
 CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
 ENGINE = "tidemark"
@@ -162,7 +161,7 @@ def _has_size(path: Path, size: int) -> bool:
         return False
 
 
-class ShapeTable:
+class ShapeTable(TableFolder):
     """The Delta table of one shape. Thread-safe: Spark jobs commit from worker threads."""
 
     def __init__(self, root: str | Path, shape: str, *, epoch: int = 1) -> None:
@@ -354,64 +353,6 @@ class ShapeTable:
 
     # -- writing ------------------------------------------------------------
 
-    def new_batch_dir(self) -> tuple[str, Path]:
-        """A fresh ``data/<uuid>`` folder name (relative) and its absolute path; a
-        process that may not write under the root any more gets none (``fencing``)."""
-        fencing.check()
-        rel = f"data/{uuid.uuid4()}"
-        return rel, self.path / rel
-
-    def new_spool_dir(self) -> tuple[str, Path]:
-        """A fresh ``_spool/<uuid>`` folder (relative, absolute) for rows of a transaction
-        still being streamed: hidden from Delta readers and vacuum."""
-        fencing.check()
-        rel = f"{SPOOL_DIR}/{uuid.uuid4()}"
-        return rel, self.path / rel
-
-    def delete_spool(self, files: Sequence[DataFile]) -> None:
-        """Delete spool files and their folders (best effort)."""
-        self.delete_files(files)
-        for folder in {(self.path / f.path).parent for f in files}:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-
-    def clear_spool(self) -> int:
-        """Delete every spool folder (at start: Postgres streams any transaction still
-        open again from its start). Returns how many there were."""
-        root = self.path / SPOOL_DIR
-        if not root.is_dir():
-            return 0
-        count = 0
-        for entry in os.scandir(root):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            count += 1
-        return count
-
-    def file_at(self, rel_path: str) -> DataFile:
-        """A Parquet file of this table folder, described for a commit."""
-        return describe_file(self.path, rel_path)
-
-    def files_in(self, rel_dir: str) -> list[DataFile]:
-        """The Parquet files Spark wrote under ``rel_dir``; Spark's .crc files removed."""
-        folder = self.path / rel_dir
-        out = []
-        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-            if entry.name.endswith(".crc"):
-                os.unlink(entry.path)
-                continue
-            if not entry.name.endswith(".parquet") or entry.name.startswith((".", "_")):
-                continue
-            st = entry.stat()
-            rows, stats = file_stats(Path(entry.path))
-            if rows == 0:
-                continue
-            out.append(
-                DataFile(
-                    f"{rel_dir}/{entry.name}", st.st_size, rows, int(st.st_mtime * 1000), stats
-                )
-            )
-        return out
-
     def commit(
         self,
         files: Sequence[DataFile],
@@ -486,18 +427,7 @@ class ShapeTable:
         )
 
     def _holds(self, done: int | None, first: int, end_lsn: int) -> bool:
-        """Whether the table, at app version ``done``, holds the batch ``first..end_lsn``
-        already (a replay: skip it); ``WriterFenced`` when it holds a part of it."""
-        if done is not None and end_lsn <= done:
-            log.info("commit.skipped_replay", shape=self.shape, end_lsn=end_lsn, committed_lsn=done)
-            return True
-        if done is not None and first <= done:
-            raise WriterFenced(
-                f"shape '{self.shape}': another writer committed its table up to LSN "
-                f"{done}, inside this batch ({first}..{end_lsn}): this process stops "
-                "committing it. Run one tidemark per slot and sink root"
-            )
-        return False
+        return holds(self.shape, done, first, end_lsn)
 
     def _entry(self, files: Sequence[DataFile], custom: Mapping[str, Any], end_lsn: int) -> bytes:
         """The log entry of a direct append: commit info, the adds, our transaction."""
@@ -595,17 +525,6 @@ class ShapeTable:
     @property
     def log_dir(self) -> Path:
         return self.path / "_delta_log"
-
-    def files_sync(self, files: Sequence[DataFile]) -> SyncSet:
-        """What makes ``files`` (under ``data/``, written for a commit) durable: each
-        file with the size it was written with, its ``data/<uuid>/`` folder, and
-        ``data/``, which gained that folder (``data/`` itself is durable since the
-        table was created or recovered)."""
-        synced = SyncSet()
-        top = self.path / "data"
-        for f in files:
-            synced.new_file(self.path / f.path, top, f.size)
-        return synced
 
     def log_sync(self) -> SyncSet:
         """What makes the entries committed by direct appends durable: the log folder
@@ -782,17 +701,6 @@ class ShapeTable:
             )
         )
 
-    def delete_files(self, files: Sequence[DataFile]) -> None:
-        """Remove written files no commit will ever reference (best effort: vacuum
-        removes what is left)."""
-        if fencing.current().deposed is not None:
-            return  # (the newer leader's vacuum removes them)
-        for f in files:
-            try:
-                (self.path / f.path).unlink()
-            except OSError:
-                continue
-
     def active_files(self) -> list[str]:
         with self._lock:
             dt = self.table()
@@ -804,6 +712,11 @@ class ShapeTable:
             dt = self.table()
             dt.update_incremental()
             return list(dt.file_uris())
+
+    def view(self) -> ChangelogView:
+        from tidemark.sink.delta.current import changelog_view
+
+        return changelog_view(self)
 
     # -- maintenance --------------------------------------------------------
 
@@ -818,31 +731,11 @@ class ShapeTable:
             dt = self.table()
             dt.update_incremental()
             fencing.current().check_snapshot(dt, self._where)
-            small = [(p, n) for p, n in self._active_files(dt) if n < target_size // 2]
-            bins: list[list[tuple[str, int]]] = [[]]
-            size = 0
-            for path, n in sorted(small):
-                if bins[-1] and size + n > target_size:
-                    bins.append([])
-                    size = 0
-                bins[-1].append((path, n))
-                size += n
-            bins = [b for b in bins if len(b) > 1]
-            if not bins:
-                return {"numFilesAdded": 0, "numFilesRemoved": 0}
             schema = pa.schema([f.remove_metadata() for f in self.arrow_schema()])
-            rel, folder = self.new_batch_dir()
-            folder.mkdir(parents=True)
-            added: list[DataFile] = []
+            removed, added = self.rewrite_small(self._active_files(dt), target_size, schema)
+            if not removed:
+                return {"numFilesAdded": 0, "numFilesRemoved": 0}
             try:
-                for i, group in enumerate(bins):
-                    parts = [pq.read_table(self.path / p) for p, _ in group]
-                    rows = pa.concat_tables(parts, promote_options="default")
-                    rows = rows.select([n for n in schema.names if n in rows.column_names])
-                    name = f"{rel}/part-{i:05d}-compacted.parquet"
-                    pq.write_table(rows, self.path / name, compression="zstd")
-                    added.append(self.file_at(name))
-                removed = [item for group in bins for item in group]
                 now = int(time.time() * 1000)
                 removes = [RemoveAction(p, False, now, n, {}) for p, n in removed]
                 custom = {"tidemark.operation": "compaction"}

@@ -7,7 +7,9 @@ whose version at that refresh stays readable (``current_vacuum_hours`` keeps its
 files that long), so a read as of any LSN after the boundary is still exact.
 ``compact_changelog`` rewrites the changelog files holding rows at or below the
 boundary without them and records the boundary in the same commit
-(``ShapeTable.retained_lsn``); a read before it is refused, naming it.
+(``ChangelogTable.retained_lsn``); a read before it is refused, naming it. The same
+for every table format: what a format provides is ``ChangelogTable.view`` and
+``retention_commit``, and the current table's refresh points.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from typing import Any
 
 import structlog
 
-from tidemark.sink.delta.current import CurrentTable, RefreshPoint, changelog_view
-from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink import table_format
 from tidemark.sink.files import DataFile
-from tidemark.sink.port import RetentionResult
+from tidemark.sink.port import RefreshPoint, RetentionResult, TableFormat
 from tidemark.sink.schema import LSN, spark_schema
 
 log = structlog.get_logger("tidemark.current")
@@ -46,19 +47,21 @@ def compact_changelog(
     retention_hours: float,
     *,
     now_ms: int | None = None,
+    tables: TableFormat | None = None,
 ) -> RetentionResult | None:
     """Drop the changelog rows older than the retention that the current table holds
     folded: Spark rewrites the files holding rows at or below the boundary without
     them, and one commit removes the old files, adds the new ones and records the
-    boundary (``ShapeTable.retained_lsn``). The caller holds the shape's flushes.
+    boundary (``ChangelogTable.retained_lsn``). The caller holds the shape's flushes.
     None: nothing to drop."""
     from pyspark.sql import functions as F
 
-    changelog = ShapeTable(root, shape)
-    table = CurrentTable(root, shape)
+    tables = tables or table_format()
+    changelog = tables.changelog(root, shape)
+    table = tables.current(root, shape)
     if not changelog.exists() or not table.exists():
         return None
-    view = changelog_view(changelog)
+    view = changelog.view()
     now = int(time.time() * 1000) if now_ms is None else now_ms
     boundary = retention_boundary(table.points(), view.generation, retention_hours, now)
     done = view.retained_lsn

@@ -1,0 +1,171 @@
+"""What the changelog tables of every format share: a folder on the sink root's
+filesystem, where Spark writes each batch's Parquet files before a commit names them.
+
+Layout under a changelog's folder (``<root>/tables/<shape>``)::
+
+    data/<batch-uuid>/     the Parquet files of one batch (a flush round, a backfill)
+    _spool/<uuid>/         files of a transaction still streamed (named by no commit)
+
+Durability: a batch's files are synced (``fdatasync``, with their ``data/<uuid>/`` and
+``data/`` folders) before the commit that names them (``files_sync``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import structlog
+
+from tidemark import fencing
+from tidemark.durable import SyncSet
+from tidemark.errors import WriterFenced
+from tidemark.sink.files import DataFile, describe_file, file_stats
+
+log = structlog.get_logger("tidemark.sink")
+
+SPOOL_DIR = "_spool"
+
+
+def holds(shape: str, done: int | None, first: int, end_lsn: int) -> bool:
+    """Whether a table whose committed offset is ``done`` holds the batch ``first..end_lsn``
+    already (a replay: skip it); ``WriterFenced`` when it holds a part of it."""
+    if done is not None and end_lsn <= done:
+        log.info("commit.skipped_replay", shape=shape, end_lsn=end_lsn, committed_lsn=done)
+        return True
+    if done is not None and first <= done:
+        raise WriterFenced(
+            f"shape '{shape}': another writer committed its table up to LSN "
+            f"{done}, inside this batch ({first}..{end_lsn}): this process stops "
+            "committing it. Run one tidemark per slot and sink root"
+        )
+    return False
+
+
+class TableFolder:
+    """The files of one changelog table, before and after its commits name them."""
+
+    root: Path
+    shape: str
+    path: Path
+
+    def new_batch_dir(self) -> tuple[str, Path]:
+        """A fresh ``data/<uuid>`` folder name (relative) and its absolute path; a
+        process that may not write under the root any more gets none (``fencing``)."""
+        fencing.check()
+        rel = f"data/{uuid.uuid4()}"
+        return rel, self.path / rel
+
+    def new_spool_dir(self) -> tuple[str, Path]:
+        """A fresh ``_spool/<uuid>`` folder (relative, absolute) for rows of a transaction
+        still being streamed: no commit names them, so readers never see them."""
+        fencing.check()
+        rel = f"{SPOOL_DIR}/{uuid.uuid4()}"
+        return rel, self.path / rel
+
+    def delete_spool(self, files: Sequence[DataFile]) -> None:
+        """Delete spool files and their folders (best effort)."""
+        self.delete_files(files)
+        for folder in {(self.path / f.path).parent for f in files}:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+    def clear_spool(self) -> int:
+        """Delete every spool folder (at start: Postgres streams any transaction still
+        open again from its start). Returns how many there were."""
+        root = self.path / SPOOL_DIR
+        if not root.is_dir():
+            return 0
+        count = 0
+        for entry in os.scandir(root):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            count += 1
+        return count
+
+    def file_at(self, rel_path: str) -> DataFile:
+        """A Parquet file of this table folder, described for a commit."""
+        return describe_file(self.path, rel_path)
+
+    def files_in(self, rel_dir: str) -> list[DataFile]:
+        """The Parquet files Spark wrote under ``rel_dir``; Spark's .crc files removed."""
+        folder = self.path / rel_dir
+        out = []
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.name.endswith(".crc"):
+                os.unlink(entry.path)
+                continue
+            if not entry.name.endswith(".parquet") or entry.name.startswith((".", "_")):
+                continue
+            st = entry.stat()
+            rows, stats = file_stats(Path(entry.path))
+            if rows == 0:
+                continue
+            out.append(
+                DataFile(
+                    f"{rel_dir}/{entry.name}", st.st_size, rows, int(st.st_mtime * 1000), stats
+                )
+            )
+        return out
+
+    def files_sync(self, files: Sequence[DataFile]) -> SyncSet:
+        """What makes ``files`` (under ``data/``, written for a commit) durable: each
+        file with the size it was written with, its ``data/<uuid>/`` folder, and
+        ``data/``, which gained that folder (``data/`` itself is durable since the
+        table was created or recovered)."""
+        synced = SyncSet()
+        top = self.path / "data"
+        for f in files:
+            synced.new_file(self.path / f.path, top, f.size)
+        return synced
+
+    def delete_files(self, files: Sequence[DataFile]) -> None:
+        """Remove written files no commit will ever reference (best effort: vacuum
+        removes what is left)."""
+        if fencing.current().deposed is not None:
+            return  # (the newer leader's vacuum removes them)
+        for f in files:
+            try:
+                (self.path / f.path).unlink()
+            except OSError:
+                continue
+
+    def rewrite_small(
+        self, active: Sequence[tuple[str, int]], target_size: int, schema: pa.Schema
+    ) -> tuple[list[tuple[str, int]], list[DataFile]]:
+        """Compaction's files: the ``active`` files smaller than half ``target_size``,
+        binned up to it, each bin's rows written as one new file (``schema``'s column
+        order). Returns (the files replaced, the files written), both empty when no
+        bin holds two files; the caller commits the swap (or deletes what was written)."""
+        small = [(p, n) for p, n in active if n < target_size // 2]
+        bins: list[list[tuple[str, int]]] = [[]]
+        size = 0
+        for path, n in sorted(small):
+            if bins[-1] and size + n > target_size:
+                bins.append([])
+                size = 0
+            bins[-1].append((path, n))
+            size += n
+        bins = [b for b in bins if len(b) > 1]
+        if not bins:
+            return [], []
+        rel, folder = self.new_batch_dir()
+        folder.mkdir(parents=True)
+        added: list[DataFile] = []
+        try:
+            for i, group in enumerate(bins):
+                parts = [pq.read_table(self.path / p) for p, _ in group]
+                rows = pa.concat_tables(parts, promote_options="default")
+                rows = rows.select([n for n in schema.names if n in rows.column_names])
+                name = f"{rel}/part-{i:05d}-compacted.parquet"
+                pq.write_table(rows, self.path / name, compression="zstd")
+                added.append(self.file_at(name))
+        except BaseException:
+            self.delete_files(added)
+            raise
+        return [item for group in bins for item in group], added

@@ -1,0 +1,111 @@
+"""The Iceberg catalog a sink root's tables are registered in.
+
+By default a SQLite file under the sink root (``_tidemark/iceberg.db``): nothing to
+run, and it syncs its own commits. ``[iceberg] catalog_uri`` names another: a
+PostgreSQL database (``postgresql://...``, pyiceberg's SQL catalog over psycopg), a
+SQLite file elsewhere, or a REST catalog (``http(s)://...``). Either way tidemark
+commits through pyiceberg, with the file IO of ``iceberg.io`` (every metadata file
+synced before the catalog's pointer moves to it).
+
+Tables: ``<namespace>.<shape>`` (the changelog, at ``<root>/tables/<shape>``) and
+``<namespace>_current.<shape>`` (the current state, at ``<root>/current/<shape>``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from tidemark.conninfo import redact_dsn, redact_text
+from tidemark.errors import SinkError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+    from tidemark.config import IcebergSettings
+
+log = structlog.get_logger("tidemark.sink.iceberg")
+
+CATALOG_NAME = "tidemark"
+CATALOG_FILE = "_tidemark/iceberg.db"
+IO_IMPL = "tidemark.sink.iceberg.io.SyncedFileIO"
+
+_lock = threading.Lock()
+_catalogs: dict[tuple[str, str, str], Catalog] = {}
+
+
+def catalog_uri(root: str | Path, uri: str = "") -> str:
+    """The catalog's URI as given, or the default SQLite file under ``root``."""
+    return uri or f"sqlite:///{Path(root).resolve() / CATALOG_FILE}"
+
+
+def _sqlalchemy_uri(uri: str) -> str:
+    """pyiceberg's SQL catalog speaks SQLAlchemy: PostgreSQL through psycopg 3."""
+    for prefix in ("postgresql://", "postgres://"):
+        if uri.startswith(prefix):
+            return "postgresql+psycopg://" + uri[len(prefix) :]
+    return uri
+
+
+def open_catalog(root: str | Path, settings: IcebergSettings) -> Catalog:
+    """The catalog of ``root``'s tables (one per root and URI in a process), its
+    namespaces created; ``SinkError`` saying what to do when it cannot be reached."""
+    uri = catalog_uri(root, settings.catalog_uri)
+    key = (str(Path(root).resolve()), uri, settings.namespace)
+    with _lock:
+        found = _catalogs.get(key)
+        if found is not None:
+            return found
+        catalog = _open(root, uri, settings)
+        _catalogs[key] = catalog
+        return catalog
+
+
+def _open(root: str | Path, uri: str, settings: IcebergSettings) -> Catalog:
+    warehouse = Path(root).resolve().as_uri()
+    properties: dict[str, Any] = {
+        "warehouse": warehouse,
+        "py-io-impl": IO_IMPL,
+        **settings.properties,
+    }
+    shown = redact_dsn(uri) if "://" in uri and "@" in uri else uri
+    try:
+        if uri.startswith(("http://", "https://")):
+            from pyiceberg.catalog.rest import RestCatalog
+
+            catalog: Catalog = RestCatalog(CATALOG_NAME, uri=uri, **properties)
+        else:
+            from pyiceberg.catalog.sql import SqlCatalog
+
+            if uri.startswith("sqlite:///"):
+                Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+            catalog = SqlCatalog(CATALOG_NAME, uri=_sqlalchemy_uri(uri), **properties)
+        for namespace in (settings.namespace, current_namespace(settings.namespace)):
+            catalog.create_namespace_if_not_exists(namespace)
+    except Exception as exc:
+        raise SinkError(
+            f"cannot use the Iceberg catalog at {shown}: "
+            f"{redact_text(_first_line(exc), uri)}. Check [iceberg] catalog_uri (is the "
+            "server up, the database there, the role allowed to create tables?) and "
+            f"that namespace {settings.namespace!r} can be created"
+        ) from exc
+    log.info("iceberg.catalog", uri=shown, namespace=settings.namespace)
+    return catalog
+
+
+def current_namespace(namespace: str) -> str:
+    return f"{namespace}_current"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def forget_catalogs() -> None:
+    """Drop the open catalogs (tests that remove a root)."""
+    with _lock:
+        _catalogs.clear()

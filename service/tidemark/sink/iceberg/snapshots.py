@@ -1,0 +1,218 @@
+"""What tidemark keeps in an Iceberg table's snapshots, and the one way it commits.
+
+Every snapshot tidemark commits carries its table's state in the snapshot summary,
+copied forward from the snapshot it is built on and updated (so the newest snapshot
+alone says everything, and expiring older ones loses nothing the replay check
+needs):
+
+- ``tidemark.offset.<application id>``: the commit LSN of the last transaction
+  committed for that stream (``tidemark:<shape>``, ``tidemark:<shape>#<epoch>``);
+- ``tidemark.generation``: how often the rows were replaced (a backfill, a resync);
+- ``tidemark.retained.<generation>``: the LSN through which retention dropped rows;
+- ``tidemark-epoch[:<instance>]``: the newest leader epoch that marked the table.
+
+A commit is built on the snapshot its checks read and asserts that snapshot is still
+the table's newest (pyiceberg's ``assert-ref-snapshot-id``, checked by the catalog as
+it swaps the metadata pointer): any commit between the check and the swap, another
+writer's or a newer leader's mark, makes it fail with ``CommitFailedException``, and
+the caller reads the table again and checks again. pyiceberg's own retry (which
+would rebase the commit on the newer snapshot without our checks) is off on every
+table tidemark creates (``commit.retry.num-retries = 0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import pyarrow as pa
+
+from tidemark import fencing
+from tidemark.errors import SinkError
+
+if TYPE_CHECKING:
+    from pyiceberg.manifest import DataFile as IcebergFile
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import Table
+
+OFFSET: Final = "tidemark.offset."
+GENERATION: Final = "tidemark.generation"
+RETAINED: Final = "tidemark.retained."
+CARRIED: Final = (OFFSET, RETAINED, GENERATION, fencing.EPOCH_APP)
+COMMIT_ATTEMPTS: Final = 5
+# snapshots kept in a table's metadata (each commit rewrites it whole): older ones are
+# removed by the commit that passes this many, their files by the next vacuum
+MAX_SNAPSHOTS: Final = 1000
+TABLE_PROPERTIES: Final = {
+    "commit.retry.num-retries": "0",  # (see the module docstring)
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "20",
+    "write.parquet.compression-codec": "zstd",
+}
+
+
+def summary(table: Table, snapshot_id: int | None = None) -> dict[str, str]:
+    """The summary of the table's newest snapshot (or of ``snapshot_id``)."""
+    snap = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
+    if snap is None or snap.summary is None:
+        return {}
+    return {str(k): str(v) for k, v in snap.summary.additional_properties.items()}
+
+
+def carried(found: Mapping[str, str]) -> dict[str, str]:
+    """What a new snapshot copies from the one it is built on."""
+    return {k: v for k, v in found.items() if k.startswith(CARRIED)}
+
+
+def number(found: Mapping[str, str], key: str) -> int | None:
+    value = found.get(key)
+    return None if value is None else int(value)
+
+
+def marked(found: Mapping[str, str], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``found``'s carried state, then ``extra``, then this leader's mark and writer."""
+    fence = fencing.current()
+    out = carried(found) | dict(extra or {}) | fence.commit_info()
+    if fence.epoch is not None:
+        out[fence.app_id] = str(fence.epoch)
+    return out
+
+
+def check_fence(found: Mapping[str, str], where: str) -> None:
+    """Refuse a commit built on a snapshot a newer leader marked (``Deposed``)."""
+    fence = fencing.current()
+    if fence.epoch is not None:
+        fence.check_table(number(found, fence.app_id), where)
+
+
+def data_files(table: Table, snapshot_id: int | None = None) -> list[IcebergFile]:
+    """The data files of the newest snapshot (or of ``snapshot_id``)."""
+    from pyiceberg.manifest import ManifestContent
+
+    snap = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
+    if snap is None:
+        return []
+    out: list[IcebergFile] = []
+    for manifest in snap.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        out += [e.data_file for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True)]
+    return out
+
+
+def relative(table: Table, file_path: str) -> str:
+    """A data file's path relative to the table's folder (as Delta's log has it)."""
+    base = table.location().rstrip("/") + "/"
+    return file_path[len(base) :] if file_path.startswith(base) else file_path
+
+
+def absolute(table: Table, rel: str) -> str:
+    return rel if "://" in rel or rel.startswith("/") else f"{table.location().rstrip('/')}/{rel}"
+
+
+def commit(
+    table: Table,
+    snapshot: Mapping[str, str],
+    *,
+    add: Sequence[str] = (),
+    delete: Iterable[IcebergFile] = (),
+    schema: Schema | None = None,
+    properties: Mapping[str, str] | None = None,
+    evolve: Any = None,
+) -> Table:
+    """One commit on ``table`` as loaded: the new schema ``schema`` (fresh field ids) or
+    ``evolve(update_schema)``, then ``properties``, then a snapshot that deletes
+    ``delete``, adds the Parquet files ``add`` (absolute URIs) and has the summary
+    ``snapshot``. Returns the table after it; ``CommitFailedException`` when another
+    commit landed since ``table`` was loaded."""
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file
+    from pyiceberg.table.update import (
+        AddSchemaUpdate,
+        RemoveSnapshotsUpdate,
+        SetCurrentSchemaUpdate,
+    )
+
+    tx = table.transaction()
+    if schema is not None:
+        tx._apply(
+            (
+                AddSchemaUpdate.model_validate({"schema": schema}),
+                SetCurrentSchemaUpdate.model_validate({"schema-id": -1}),
+            )
+        )
+    if evolve is not None:
+        with tx.update_schema() as update:
+            evolve(update)
+    if schema is not None or evolve is not None:
+        mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
+        tx.set_properties({"schema.name-mapping.default": mapping})
+    if properties:
+        tx.set_properties(dict(properties))
+    deleting = list(delete)
+    producer = tx.update_snapshot(snapshot_properties=dict(snapshot))
+    with producer.overwrite() if deleting else producer.merge_append() as files:
+        for gone in deleting:
+            files.delete_data_file(gone)
+        for uri in add:
+            files.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, uri))
+    old = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
+    if len(old) >= MAX_SNAPSHOTS:
+        current = table.current_snapshot()
+        expire = [s.snapshot_id for s in old[: len(old) - MAX_SNAPSHOTS + 1]]
+        expire = [s for s in expire if current is None or s != current.snapshot_id]
+        if expire:
+            tx._apply((RemoveSnapshotsUpdate.model_validate({"snapshot-ids": expire}),))
+    return tx.commit_transaction()
+
+
+def arrow_schema(table: Table) -> pa.Schema:
+    """The table's schema in Arrow, as tidemark's writers name types (``string``, not
+    ``large_string``; no field-id metadata)."""
+    return normalized(table.schema().as_arrow())
+
+
+def normalized(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, _plain(f.type), f.nullable) for f in schema])
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_large_list(t) or pa.types.is_list(t):
+        return pa.list_(pa.field("element", _plain(t.value_type), t.value_field.nullable))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _plain(f.type), f.nullable) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(_plain(t.key_type), _plain(t.item_type))
+    return t
+
+
+def iceberg_schema(schema: pa.Schema) -> Schema:
+    """An Iceberg schema for an Arrow one, with field ids from 1 (a new table's)."""
+    from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    plain = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+    try:
+        return assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(plain))
+    except Exception as exc:  # (pyiceberg: UnsupportedPyArrowTypeException, ValueError)
+        raise SinkError(f"a column type Iceberg cannot hold: {exc}") from exc
+
+
+def fresh_schema(schema: pa.Schema, table: Table) -> Schema:
+    """A replacement schema for ``table``: field ids after every id it used, so no
+    old file's column is read as a new one."""
+    from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    last = table.metadata.last_column_id
+    counter = iter(range(last + 1, last + 100_000))
+    plain = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+    return assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(plain), lambda: next(counter))
+
+
+def round_trip(schema: pa.Schema) -> pa.Schema:
+    """``schema`` as an Iceberg table would give it back (e.g. int16 as int32)."""
+    return normalized(iceberg_schema(schema).as_arrow())
