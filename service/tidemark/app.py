@@ -77,6 +77,7 @@ from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapeset import ShapeSet, ShapeStatus
 from tidemark.sink import table_format
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
+from tidemark.sink.root import claim_root
 from tidemark.stalls import Stall, StallWatch
 from tidemark.upkeep import CurrentKeeper
 from tidemark.writers.job import CommitResult
@@ -116,7 +117,8 @@ class Service:
         self.tracker = FlushTracker(self._on_durable, clock=time.monotonic)
         self.store = ContinuityStore(settings.sink.root, settings.instance.name)
         self.guard = ContinuityGuard(self.store, settings.source.on_stream_gap, held=self._held_lsn)
-        self.tables = table_format()  # the sink's table format (tidemark.sink.port)
+        # the sink's table format (tidemark.sink.port); the root's claimed at start
+        self.tables = table_format(settings.sink.format, settings.iceberg)
         self.shapeset = ShapeSet(
             settings,
             self.tracker,
@@ -256,6 +258,9 @@ class Service:
                     spark_cfg.app_name,
                     spark_cfg.remote,
                 )
+            await asyncio.to_thread(
+                claim_root, settings.sink.root, settings.sink.format, settings.iceberg
+            )
             if self.lease is None:
                 # no lease, no epoch: nothing is fenced (and nothing of an earlier
                 # service in this process, deposed or suspended, stays in force)

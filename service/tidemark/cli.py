@@ -360,13 +360,15 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def cmd_read(args: argparse.Namespace) -> int:
     from tidemark import read
     from tidemark.errors import SinkError
-    from tidemark.sink import table_format
+    from tidemark.sink.root import root_format
     from tidemark.spark import build_session
 
     settings = _settings(args)
     root = args.root or settings.sink.root
     as_of = int(Lsn.parse(args.as_of)) if args.as_of else None
-    if not table_format().changelog(root, args.shape).exists():  # say so before Spark's JVM starts
+    # the root's format as the service recorded it (the catalog's password: from here)
+    tables = root_format(root, settings.iceberg.catalog_uri or None)
+    if not tables.changelog(root, args.shape).exists():  # say so before Spark's JVM starts
         raise SinkError(
             f"shape '{args.shape}' has no table under {root}: is the name right, and has "
             "tidemark committed anything for it yet?"
@@ -374,11 +376,11 @@ def cmd_read(args: argparse.Namespace) -> int:
     cfg = settings.spark  # the configured Spark: local, a cluster, or Spark Connect
     spark = build_session(cfg.master, cfg.conf, "tidemark-read", cfg.remote)
     if args.changelog:
-        frame = read.changelog(spark, root, args.shape).orderBy("_lsn", "_op")
+        frame = read.changelog(spark, root, args.shape, tables).orderBy("_lsn", "_op")
         if as_of is not None:
             frame = frame.where(frame["_lsn"] <= as_of)
     else:
-        frame = read.current(spark, root, args.shape, as_of)
+        frame = read.current(spark, root, args.shape, as_of, tables)
     rows = frame.limit(args.limit).collect() if args.limit else frame.collect()
     columns = frame.columns
     print(

@@ -1,9 +1,9 @@
 """Reading shape tables with plain Spark: the changelog, and the state as of an LSN.
 
 Works without the table format's Spark connector: the table format
-(``tidemark.sink.port``; Delta: ``deltalake``) names the snapshot's files and Spark
-reads exactly those as Parquet. (With the Delta jar, Spark reads the tables
-natively; the fold applies the same way.)
+(``tidemark.sink.port``; Delta: ``deltalake``, Iceberg: ``pyiceberg``) names the
+snapshot's files and Spark reads exactly those as Parquet. (With the Delta or Iceberg
+Spark jar, Spark reads the tables natively; the fold applies the same way.)
 
 The fold ("current state as of LSN L") is ``tidemark.sink.fold``.
 
@@ -33,15 +33,18 @@ from typing import Any
 
 from tidemark.errors import SinkError
 from tidemark.lsn import format_lsn
-from tidemark.sink import table_format
+from tidemark.sink import TableFormat
 from tidemark.sink.fold import fold, fold_onto, snapshot_rows
 from tidemark.sink.frontiers import load_frontiers
+from tidemark.sink.root import root_format
 from tidemark.sink.schema import LSN, current_schema, spark_schema
 
 
-def changelog(spark: Any, root: str | Path, shape: str) -> Any:
-    """The shape's table as a DataFrame of change rows (every version of every row)."""
-    table = table_format().changelog(root, shape)
+def changelog(spark: Any, root: str | Path, shape: str, tables: TableFormat | None = None) -> Any:
+    """The shape's table as a DataFrame of change rows (every version of every row).
+    ``tables``: the root's table format (default: as the service recorded it,
+    ``tidemark.sink.root``)."""
+    table = (tables or root_format(root)).changelog(root, shape)
     if not table.exists():
         raise SinkError(
             f"shape '{shape}' has no table under {root}: is the name right, "
@@ -55,16 +58,23 @@ def changelog(spark: Any, root: str | Path, shape: str) -> Any:
     return spark.read.schema(schema).parquet(*files)
 
 
-def current(spark: Any, root: str | Path, shape: str, as_of: int | None = None) -> Any:
+def current(
+    spark: Any,
+    root: str | Path,
+    shape: str,
+    as_of: int | None = None,
+    tables: TableFormat | None = None,
+) -> Any:
     """The shape's rows as of ``as_of`` (default: everything committed)."""
     from pyspark.sql import functions as F
 
     if as_of is not None:
         _check_after_snapshot(root, shape, as_of)
-    table = table_format().changelog(root, shape)
-    frame = changelog(spark, root, shape)
+    tables = tables or root_format(root)
+    table = tables.changelog(root, shape)
+    frame = changelog(spark, root, shape, tables)
     key = table.primary_key()
-    start = table_format().current_base(root, table, as_of)
+    start = tables.current_base(root, table, as_of)
     if start is None:
         return fold(frame, key, as_of)
     files, lsn = start
@@ -103,7 +113,13 @@ def frontier_of(root: str | Path, shape: str) -> int | None:
     return entry.frontier_lsn if entry.ready else None
 
 
-def snapshot(spark: Any, root: str | Path, shapes: Sequence[str], as_of: int) -> dict[str, Any]:
+def snapshot(
+    spark: Any,
+    root: str | Path,
+    shapes: Sequence[str],
+    as_of: int,
+    tables: TableFormat | None = None,
+) -> dict[str, Any]:
     """Every shape folded as of ``as_of``; refuses an LSN beyond any shape's frontier."""
     behind = []
     for shape in shapes:
@@ -116,7 +132,8 @@ def snapshot(spark: Any, root: str | Path, shapes: Sequence[str], as_of: int) ->
             f"{', '.join(behind)}. Wait for the frontiers (tidemark wait --lsn) or read "
             "as of an earlier LSN"
         )
-    return {shape: current(spark, root, shape, as_of) for shape in shapes}
+    tables = tables or root_format(root)
+    return {shape: current(spark, root, shape, as_of, tables) for shape in shapes}
 
 
 __all__ = ["changelog", "current", "fold", "fold_onto", "frontier_of", "snapshot", "snapshot_rows"]

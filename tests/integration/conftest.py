@@ -32,6 +32,7 @@ import pytest
 
 from tidemark.embedded import EmbeddedPostgres, pg18_bin_dir, system_bin_dir
 from tidemark.embedded_spark import ConnectServer, StandaloneCluster
+from tidemark.sink import TableFormat
 
 
 @dataclass
@@ -214,3 +215,14 @@ def connect_server() -> Iterator[ConnectServer]:
     """A Spark Connect server (local[2] behind it, 1 GiB driver) on loopback."""
     with ConnectServer(master="local[2]", driver_memory="1g") as server:
         yield server
+
+
+@pytest.fixture(params=["delta", "iceberg"])
+def sink_format(request: pytest.FixtureRequest) -> Iterator[TableFormat]:
+    """Each table format in turn (Iceberg: its default catalog, a SQLite file under
+    each test's sink root)."""
+    from tidemark.sink import table_format
+    from tidemark.sink.iceberg.catalog import forget_catalogs
+
+    yield table_format(request.param)
+    forget_catalogs()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from tidemark.flush.tracker import CommitFragment, FlushTracker
 from tidemark.lsn import LogOffset
-from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink import ChangelogTable, TableFormat, table_format
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.writers.writer import ShapeWriter
 
@@ -57,17 +57,27 @@ def make_feeder() -> Feeder:
 
 
 def open_writer(
-    feeder: Feeder, root: str, shape: str, columns: list[ColumnSpec] = ITEM_COLUMNS
+    feeder: Feeder,
+    root: str,
+    shape: str,
+    columns: list[ColumnSpec] = ITEM_COLUMNS,
+    tables: TableFormat | None = None,
 ) -> ShapeWriter:
-    table = ShapeTable(root, shape)
+    table = (tables or table_format()).changelog(root, shape)
     table.create(table_schema(columns), [columns[0].name], {"name": shape})
     writer = ShapeWriter(table, columns, feeder.tracker.handle_flush_notification)
     feeder.writers[shape] = writer
     return writer
 
 
-def rows_of(table: ShapeTable) -> list[dict[str, object]]:
-    """Every row of the table, read with deltalake (independent of Spark)."""
+def rows_of(table: ChangelogTable) -> list[dict[str, object]]:
+    """Every row of the table, read with the format's own library (deltalake,
+    pyiceberg), independent of tidemark's and Spark's readers."""
+    from tidemark.sink.iceberg.table import IcebergChangelog
+
+    if isinstance(table, IcebergChangelog):
+        loaded = table.catalog.load_table(table.ident)
+        return loaded.scan().to_arrow().to_pylist()  # type: ignore[no-any-return]
     from deltalake import DeltaTable
 
     dt = DeltaTable(table.uri)

@@ -113,13 +113,15 @@ async def mixed_workload(db: PgDatabase) -> None:
     await arun(db, "update accounts set balance = 1234.5 where id = 1")
 
 
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 async def test_mixed_workload_every_shape_equals_postgres(
     pg_db: PgDatabase,
     spark,
     tmp_path: Path,  # type: ignore[no-untyped-def]
+    table_format: str,
 ) -> None:
     await arun(pg_db, SCHEMA)
-    settings = settings_for(pg_db.dsn, str(tmp_path), SHAPES)
+    settings = settings_for(pg_db.dsn, str(tmp_path), SHAPES, sink={"format": table_format})
     async with running_service(settings, spark) as service:
         await mixed_workload(pg_db)
         target = current_lsn(pg_db.dsn)

@@ -15,6 +15,7 @@ import pytest
 from tidemark import read
 from tidemark.errors import SinkError
 from tidemark.pgoutput.messages import UNCHANGED_TOAST
+from tidemark.sink import TableFormat
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, load_frontiers, store_frontiers
 from tidemark.sink.schema import ColumnSpec
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
@@ -40,11 +41,12 @@ def ins(i: int, name: str = "n") -> tuple[str, tuple[object, ...], None]:
 async def test_commits_are_aligned_to_transactions_and_read_back_after_restart(
     spark,
     tmp_path: Path,  # type: ignore[no-untyped-def]
+    sink_format: TableFormat,
 ) -> None:
     # given two shapes and transactions touching one, both, or neither
     feeder = make_feeder()
-    a = open_writer(feeder, str(tmp_path), "a")
-    b = open_writer(feeder, str(tmp_path), "b")
+    a = open_writer(feeder, str(tmp_path), "a", tables=sink_format)
+    b = open_writer(feeder, str(tmp_path), "b", tables=sink_format)
     scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
     scheduler.add(a)
     scheduler.add(b)
@@ -64,7 +66,7 @@ async def test_commits_are_aligned_to_transactions_and_read_back_after_restart(
     assert sorted((r["id"], r["_lsn"]) for r in rows_of(b.table)) == [(2, 200), (4, 400)]
     # and after a restart, replayed transactions are dropped by committed offset
     feeder2 = make_feeder()
-    a2 = open_writer(feeder2, str(tmp_path), "a")
+    a2 = open_writer(feeder2, str(tmp_path), "a", tables=sink_format)
     assert a2.committed_lsn == 200
     assert a2.begin_txn(200, 1, 0) is False
     assert a2.begin_txn(500, 1, 0) is True
@@ -294,9 +296,11 @@ def test_a_local_scan_of_thousands_of_pruned_files_keeps_its_tasks_short(
     assert frame.where(F.col("_lsn") >= count - 3).count() == 6
 
 
-async def test_a_replayed_batch_is_not_committed_twice(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_replayed_batch_is_not_committed_twice(  # type: ignore[no-untyped-def]
+    spark, tmp_path: Path, sink_format: TableFormat
+) -> None:
     feeder = make_feeder()
-    w = open_writer(feeder, str(tmp_path), "a")
+    w = open_writer(feeder, str(tmp_path), "a", tables=sink_format)
     scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
     scheduler.add(w)
     feeder.txn(100, {"a": [ins(1)]})
@@ -305,7 +309,7 @@ async def test_a_replayed_batch_is_not_committed_twice(spark, tmp_path: Path) ->
     # when a second writer on the same table (a restarted process that did not read
     # the committed offset) tries to commit the same transaction
     other = make_feeder()
-    w2 = open_writer(other, str(tmp_path), "a")
+    w2 = open_writer(other, str(tmp_path), "a", tables=sink_format)
     w2.committed_lsn = None
     other.txn(100, {"a": [ins(1)]})
     s2 = FlushScheduler(spark, FlushPolicy(max_age_s=60))

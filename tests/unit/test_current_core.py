@@ -16,9 +16,8 @@ from tidemark.observability import Metrics
 from tidemark.sink import current
 from tidemark.sink.current import bucket_dir, bucket_of_path
 from tidemark.sink.port import ChangelogFile, ChangelogView, RefreshPoint
-from tidemark.sink.schema import current_schema
 from tidemark.sink.retention import current_vacuum_hours, retention_boundary
-from tidemark.sink.schema import ColumnSpec, primary_key_of, table_schema
+from tidemark.sink.schema import ColumnSpec, current_schema, primary_key_of, table_schema
 from tidemark.upkeep import CurrentKeeper
 
 HOUR_MS = 3_600_000

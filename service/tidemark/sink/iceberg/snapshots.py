@@ -189,12 +189,19 @@ def _plain(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def _optional(schema: pa.Schema) -> pa.Schema:
+    """Every column optional: Spark writes some files (a backfill's) with the metadata
+    columns nullable, and Iceberg refuses a file whose column is optional where the
+    table's is required."""
+    return pa.schema([pa.field(f.name, f.type, True) for f in schema])
+
+
 def iceberg_schema(schema: pa.Schema) -> Schema:
     """An Iceberg schema for an Arrow one, with field ids from 1 (a new table's)."""
     from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
     from pyiceberg.schema import assign_fresh_schema_ids
 
-    plain = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+    plain = _optional(schema)
     try:
         return assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(plain))
     except Exception as exc:  # (pyiceberg: UnsupportedPyArrowTypeException, ValueError)
@@ -209,7 +216,7 @@ def fresh_schema(schema: pa.Schema, table: Table) -> Schema:
 
     last = table.metadata.last_column_id
     counter = iter(range(last + 1, last + 100_000))
-    plain = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+    plain = _optional(schema)
     return assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(plain), lambda: next(counter))
 
 

@@ -1,0 +1,216 @@
+"""The Apache Iceberg table format behind the sink's port (``tidemark.sink.port``).
+
+Each shape has a changelog (``<namespace>.<shape>``, ``iceberg.table``) and a
+current-state table (``<namespace>_current.<shape>``, ``iceberg.current``), both
+Iceberg tables (format version 2 by default) registered in one catalog
+(``iceberg.catalog``) and committed through pyiceberg; Spark writes every data file,
+as for Delta. The leader's epoch is a key of the snapshot summary that a new leader
+raises with an empty snapshot (``mark``); upkeep expires snapshots and removes the
+files no snapshot names.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from tidemark import fencing
+from tidemark.durable import SyncSet, make_dirs
+from tidemark.errors import SinkError
+from tidemark.sink import current, retention
+from tidemark.sink.current import current_path
+from tidemark.sink.iceberg import snapshots
+from tidemark.sink.iceberg.catalog import open_catalog
+from tidemark.sink.iceberg.current import IcebergCurrent
+from tidemark.sink.iceberg.table import IcebergChangelog, expire, remove_unreferenced
+from tidemark.sink.port import ChangelogTable, RefreshResult, RetentionResult
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+    from tidemark.config import IcebergSettings
+
+log = structlog.get_logger("tidemark.sink.iceberg")
+
+MARK_THREADS = 8
+
+
+class IcebergFormat:
+    """``TableFormat`` for Apache Iceberg, with the catalog ``settings`` name."""
+
+    name = "iceberg"
+
+    def __init__(self, settings: IcebergSettings | None = None) -> None:
+        if settings is None:
+            from tidemark.config import IcebergSettings
+
+            settings = IcebergSettings()
+        self.settings = settings
+
+    def catalog(self, root: str | Path) -> Catalog:
+        return open_catalog(root, self.settings)
+
+    def changelog(self, root: str | Path, shape: str, *, epoch: int = 1) -> IcebergChangelog:
+        table = IcebergChangelog(
+            self.catalog(root), self.settings.namespace, root, shape, epoch=epoch
+        )
+        table.format_version = self.settings.format_version
+        return table
+
+    def current(self, root: str | Path, shape: str) -> IcebergCurrent:
+        return IcebergCurrent(
+            self.catalog(root),
+            self.settings.namespace,
+            root,
+            shape,
+            self.settings.format_version,
+        )
+
+    def folders(self, root: str | Path, shape: str) -> tuple[Path, Path]:
+        return Path(root) / "tables" / shape, current_path(root, shape)
+
+    def set_aside(self, table: ChangelogTable) -> Path:
+        """Drop the damaged table from the catalog (its files stay) and move its folder
+        to ``<root>/damaged/<shape>-<time>/``."""
+        assert isinstance(table, IcebergChangelog)
+        fencing.check()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = table.root / "damaged" / f"{table.shape}-{stamp}"
+        try:
+            table.catalog.drop_table(table.ident)
+        except Exception as exc:  # (already gone: a restart after a set-aside)
+            log.warning("table.drop_failed", table=table.name, error=str(exc))
+        if table.path.exists():
+            make_dirs(aside.parent)
+            os.rename(table.path, aside)
+            synced = SyncSet()
+            synced.new_folder(aside, table.root)
+            synced.folder(table.path.parent)
+            synced.sync()
+        table.refresh_handle()
+        return aside
+
+    def mark(self, root: str | Path, epoch: int, shapes: Sequence[str], app_id: str) -> int:
+        loaders = []
+        for name in sorted(shapes):
+            changelog, state = self.changelog(root, name), self.current(root, name)
+            if changelog.exists():
+                loaders.append(changelog.refresh)
+            if state.exists():
+                loaders.append(state.load)
+        if not loaders:
+            return 0
+        with ThreadPoolExecutor(min(MARK_THREADS, len(loaders))) as pool:
+            return sum(pool.map(lambda load: _mark(load, epoch, app_id), loaders))
+
+    def recover_current(self, root: str | Path, shape: str) -> None:
+        fencing.clear(current_path(root, shape) / current.STAGING_DIR)
+        self.current(root, shape).recover()
+
+    def refresh_current(
+        self,
+        spark: Any,
+        root: str | Path,
+        shapes: Sequence[str],
+        *,
+        buckets: int,
+        parallelism: int,
+        small_bytes: int,
+    ) -> dict[str, RefreshResult | Exception]:
+        return current.refresh_many(
+            spark,
+            root,
+            list(shapes),
+            buckets=buckets,
+            parallelism=parallelism,
+            small_bytes=small_bytes,
+            tables=self,
+        )
+
+    def compact_changelog(
+        self, spark: Any, root: str | Path, shape: str, retention_hours: float
+    ) -> RetentionResult | None:
+        return retention.compact_changelog(spark, root, shape, retention_hours, tables=self)
+
+    def vacuum_and_clean(self, root: str | Path, shape: str, floor_hours: int) -> None:
+        """The current table's snapshots expired (keeping the one the retained
+        changelog starts from) and its unreferenced files removed."""
+        state = self.current(root, shape)
+        if not state.exists():
+            return
+        changelog = self.changelog(root, shape)
+        retained = None
+        if changelog.exists():
+            retained = changelog.retained_lsn(changelog.generation())
+        hours = retention.current_vacuum_hours(
+            state.points(), retained, floor_hours, int(time.time() * 1000)
+        )
+        table = state.load()
+        snapshots.check_fence(snapshots.summary(table), f"the current table of shape '{shape}'")
+        table = expire(table, hours)
+        remove_unreferenced(table, state.path, hours)
+
+    def table_stats(self, path: Path) -> tuple[int, int] | None:
+        """(data files, manifests of the newest snapshot) of a table folder."""
+        root, shape = path.parent.parent, path.name
+        table: Table
+        if path.parent.name == "current":
+            state = self.current(root, shape)
+            if not state.exists():
+                return None
+            table = state.load()
+        else:
+            changelog = self.changelog(root, shape)
+            if not changelog.exists():
+                return None
+            table = changelog.refresh()
+        snap = table.current_snapshot()
+        if snap is None:
+            return 0, 0
+        return len(snapshots.data_files(table)), len(snap.manifests(table.io))
+
+    def current_base(
+        self, root: str | Path, table: ChangelogTable, as_of: int | None
+    ) -> tuple[list[str], int] | None:
+        generation = table.generation()
+        state = self.current(root, table.shape)
+        start = current.read_start(
+            state, generation, table.identity(), table.retained_lsn(generation), as_of
+        )
+        if start is None:
+            return None
+        version, lsn = start
+        return state.file_uris(version or None), lsn
+
+
+def _mark(load: Any, epoch: int, app_id: str) -> bool:
+    """An empty snapshot raising the table's epoch mark (False: marked that far)."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    for _ in range(snapshots.COMMIT_ATTEMPTS):
+        table = load()
+        found = snapshots.summary(table)
+        have = snapshots.number(found, app_id)
+        if have is not None and have >= epoch:
+            return False
+        mark = snapshots.carried(found) | {
+            "tidemark.operation": "epoch",
+            "tidemark.epoch": str(epoch),
+            app_id: str(epoch),
+        }
+        try:
+            snapshots.commit(table, mark)
+        except CommitFailedException:
+            continue  # an old leader's commit landed first: mark on top of it
+        return True
+    raise SinkError(
+        f"cannot mark {table.name()} with the leader epoch {epoch}: "
+        f"{snapshots.COMMIT_ATTEMPTS} commits in a row lost a race with another writer"
+    )

@@ -1,0 +1,644 @@
+"""One shape's changelog as an Iceberg table (``ChangelogTable``).
+
+Layout: the table ``<namespace>.<shape>`` of the catalog (``iceberg.catalog``), at
+``<root>/tables/<shape>``: Spark writes each batch's Parquet files under ``data/``
+as for Delta (``sink.folder``), pyiceberg writes the table's metadata under
+``metadata/``. A stream commit appends exactly the batch's files, read back for their
+statistics, in one snapshot whose summary records the transaction range
+(``tidemark.firstLsn``, ``tidemark.endLsn``) and the table's state
+(``iceberg.snapshots``: the committed offset, the generation, retention, the leader's
+epoch).
+
+Exactly once: the replay check reads the committed offset of the snapshot the commit
+is built on; the commit asserts that snapshot is still the newest. A batch at or
+below the offset is skipped, one overlapping it is refused (``WriterFenced``), and a
+commit that lost a race is checked again on the newer snapshot.
+
+The primary key and the shape's definition are table properties
+(``tidemark.primary-key``, ``tidemark.shape``); the Arrow types tidemark writes are
+kept beside the Iceberg schema (``tidemark.arrow-schema``), so a column Iceberg
+widens (``smallint``: int16 to int) reads back with the type the writers give it.
+
+Durable: the batch's files are synced before the commit; the metadata files before
+the catalog's pointer moves to them (``iceberg.io``); the catalog syncs the pointer.
+A commit is durable when it returns: ``log_sync`` has nothing left.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import structlog
+
+from tidemark import fencing
+from tidemark.durable import SyncSet, make_dirs
+from tidemark.errors import SinkError, TableDamaged
+from tidemark.sink.files import DataFile
+from tidemark.sink.folder import TableFolder, holds
+from tidemark.sink.iceberg import snapshots
+from tidemark.sink.iceberg.snapshots import GENERATION, OFFSET, RETAINED
+from tidemark.sink.port import ChangelogFile, ChangelogView
+from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+log = structlog.get_logger("tidemark.sink")
+
+APP_PREFIX = "tidemark:"
+KEY_PROPERTY = "tidemark.primary-key"
+SHAPE_PROPERTY = "tidemark.shape"
+ARROW_PROPERTY = "tidemark.arrow-schema"
+
+
+def app_id_for(shape: str, epoch: int = 1) -> str:
+    return APP_PREFIX + shape if epoch <= 1 else f"{APP_PREFIX}{shape}#{epoch}"
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def decode_schema(text: str | None) -> pa.Schema | None:
+    if not text:
+        return None
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+    except (ValueError, pa.ArrowInvalid):
+        return None
+
+
+def writer_types(table: Table) -> pa.Schema:
+    """The table's columns with the Arrow types tidemark writes them with (see the
+    module docstring); a column changed outside tidemark takes Iceberg's type."""
+    have = snapshots.arrow_schema(table)
+    stored = decode_schema(table.properties.get(ARROW_PROPERTY))
+    if stored is None:
+        return have
+    fields = []
+    for field in have:
+        if field.name in stored.names:
+            mine = stored.field(field.name)
+            if snapshots.round_trip(pa.schema([mine])).field(0).type.equals(field.type):
+                fields.append(mine.remove_metadata().with_nullable(field.nullable))
+                continue
+        fields.append(field)
+    return pa.schema(fields)
+
+
+class IcebergChangelog(TableFolder):
+    """The changelog of one shape as an Iceberg table. Thread-safe."""
+
+    def __init__(
+        self, catalog: Catalog, namespace: str, root: str | Path, shape: str, *, epoch: int = 1
+    ) -> None:
+        self.root = Path(root)
+        self.shape = shape
+        self.path = self.root / "tables" / shape
+        self.uri = str(self.path)
+        self.app_id = app_id_for(shape, epoch)
+        self.catalog = catalog
+        self.ident = (namespace, shape)
+        self.format_version = 2
+        self._lock = threading.RLock()
+        self._table: Table | None = None
+        self.fitted: pa.Schema | None = None
+
+    @property
+    def _where(self) -> str:
+        return f"the table of shape '{self.shape}'"
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.ident)
+
+    # -- existence, schema ----------------------------------------------------------
+    def exists(self) -> bool:
+        with self._lock:
+            if self._table is not None:
+                return True
+        try:
+            return bool(self.catalog.table_exists(self.ident))
+        except Exception as exc:
+            raise SinkError(f"cannot ask the Iceberg catalog for {self.name}: {exc}") from exc
+
+    def table(self) -> Table:
+        """The table as last read or committed through this object."""
+        with self._lock:
+            if self._table is None:
+                self._table = self._load()
+            return self._table
+
+    def refresh(self) -> Table:
+        with self._lock:
+            self._table = self._load()
+            return self._table
+
+    def refresh_handle(self) -> None:
+        with self._lock:
+            self._table = None
+            self.fitted = None
+
+    def _load(self) -> Table:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog.load_table(self.ident)
+        except NoSuchTableError:
+            raise SinkError(f"shape '{self.shape}' has no table {self.name} yet") from None
+
+    def create(
+        self,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        definition: Mapping[str, Any] | None = None,
+    ) -> None:
+        with self._lock:
+            if self.recover():
+                self.ensure_columns(schema)
+                return
+            fencing.check()
+            make_dirs(self.path)
+            plain = pa.schema([f.remove_metadata() for f in schema])
+            properties = snapshots.TABLE_PROPERTIES | {
+                "format-version": str(self.format_version),
+                KEY_PROPERTY: json.dumps(list(primary_key)),
+                SHAPE_PROPERTY: json.dumps(dict(definition or {}), sort_keys=True, default=str),
+                ARROW_PROPERTY: encode_schema(plain),
+            }
+            iceberg = snapshots.iceberg_schema(plain)
+            properties["schema.name-mapping.default"] = iceberg.name_mapping.model_dump_json()
+            try:
+                tx = self.catalog.create_table_transaction(
+                    self.ident,
+                    schema=iceberg,
+                    location=self.path.resolve().as_uri(),
+                    properties=properties,
+                )
+                # born marked: the first snapshot holds the generation and the epoch
+                with tx.update_snapshot(
+                    snapshot_properties=snapshots.marked({}, {GENERATION: "0"})
+                ).fast_append():
+                    pass
+                self._table = tx.commit_transaction()
+            except SinkError:
+                raise
+            except Exception as exc:
+                raise SinkError(
+                    f"cannot create the Iceberg table {self.name} of shape '{self.shape}' "
+                    f"at {self.uri}: {type(exc).__name__}: {exc}"
+                ) from exc
+            (self.path / "data").mkdir(exist_ok=True)
+            synced = SyncSet()
+            synced.new_folder(self.path / "data", self.root)
+            synced.folder(self.path / "metadata")
+            synced.sync()
+            log.info("table.created", shape=self.shape, path=self.uri, table=self.name)
+
+    def recover(self) -> bool:
+        """At start: True when the table exists, every data file of its newest snapshot
+        is there with its size, and pyiceberg's own retry is off on it."""
+        with self._lock:
+            if not self.exists():
+                return False
+            try:
+                table = self.refresh()
+                files = snapshots.data_files(table)
+            except Exception as exc:
+                raise TableDamaged(self._damaged(f"its metadata cannot be read: {exc}")) from exc
+            missing = [
+                f.file_path
+                for f in files
+                if not _has_size(self._local(f.file_path), f.file_size_in_bytes)
+            ]
+            if missing:
+                raise TableDamaged(
+                    self._damaged(
+                        f"{len(missing)} data file(s) its snapshot names are missing or cut "
+                        f"short, e.g. {missing[0]}"
+                    )
+                )
+            if table.properties.get("commit.retry.num-retries") != "0":
+                fencing.check()
+                tx = table.transaction()
+                tx.set_properties(dict(snapshots.TABLE_PROPERTIES))
+                self._table = tx.commit_transaction()
+            if not (self.path / "data").is_dir():
+                (self.path / "data").mkdir(parents=True)
+                synced = SyncSet()
+                synced.folder(self.path)
+                synced.sync()
+            return True
+
+    def _local(self, uri: str) -> Path:
+        return Path(uri[len("file://") :]) if uri.startswith("file://") else Path(uri)
+
+    def _damaged(self, what: str) -> str:
+        return (
+            f"shape '{self.shape}': its Iceberg table {self.name} at {self.uri} is damaged "
+            f"({what}). Its rows must be rebuilt from a snapshot: start tidemark with "
+            '[source] on_stream_gap = "resync" to have the table set aside and rebuilt, or '
+            "remove the shape and add it again"
+        )
+
+    def arrow_schema(self) -> pa.Schema:
+        table = self.table()
+        return with_primary_key(writer_types(table), self._key(table))
+
+    def _key(self, table: Table) -> list[str]:
+        try:
+            return list(json.loads(table.properties.get(KEY_PROPERTY) or "[]"))
+        except ValueError:
+            return []
+
+    def primary_key(self) -> list[str]:
+        return self._key(self.table())
+
+    def op_type(self) -> pa.DataType | None:
+        if not self.exists():
+            return None
+        schema = self.arrow_schema()
+        return schema.field(OP).type if OP in schema.names else None
+
+    def needs_replacement(self, schema: pa.Schema, primary_key: Sequence[str]) -> bool:
+        current = snapshots.arrow_schema(self.table())
+        wanted = snapshots.round_trip(pa.schema([f.remove_metadata() for f in schema]))
+        for field in wanted:
+            if field.name in current.names and not current.field(field.name).type.equals(
+                field.type
+            ):
+                return True
+        return list(primary_key) != self.primary_key()
+
+    def ensure_columns(self, schema: pa.Schema) -> list[str]:
+        with self._lock:
+            have = set(self.arrow_schema().names)
+            added = [f.remove_metadata() for f in schema if f.name not in have]
+            if not added:
+                return []
+            self.fitted = None
+
+            def build(table: Table, found: Mapping[str, str]) -> Table:
+                stored = decode_schema(table.properties.get(ARROW_PROPERTY)) or pa.schema([])
+                arrow = pa.schema([*stored, *[f for f in added if f.name not in stored.names]])
+
+                def evolve(update: Any) -> None:
+                    update.union_by_name(pa.schema([f.with_nullable(True) for f in added]))
+
+                return snapshots.commit(
+                    table,
+                    snapshots.marked(found, {"tidemark.operation": "add-columns"}),
+                    evolve=evolve,
+                    properties={ARROW_PROPERTY: encode_schema(arrow)},
+                )
+
+            self._commit_loop(build)
+            log.info("table.columns_added", shape=self.shape, columns=[f.name for f in added])
+            return [f.name for f in added]
+
+    # -- offsets ----------------------------------------------------------------------
+    def _summary(self) -> dict[str, str]:
+        if not self.exists():
+            return {}
+        with self._lock:
+            return snapshots.summary(self.refresh())
+
+    def committed_lsn(self) -> int | None:
+        return snapshots.number(self._summary(), OFFSET + self.app_id)
+
+    def generation(self) -> int:
+        return snapshots.number(self._summary(), GENERATION) or 0
+
+    def retained_lsn(self, generation: int) -> int | None:
+        return snapshots.number(self._summary(), f"{RETAINED}{generation}")
+
+    def identity(self) -> str:
+        return str(self.table().metadata.table_uuid)
+
+    # -- data files ---------------------------------------------------------------------
+    def active_files_with_sizes(self) -> list[tuple[str, int]]:
+        with self._lock:
+            table = self.refresh()
+            return [
+                (snapshots.relative(table, f.file_path), f.file_size_in_bytes)
+                for f in snapshots.data_files(table)
+            ]
+
+    def file_uris(self) -> list[str]:
+        with self._lock:
+            return [f.file_path for f in snapshots.data_files(self.refresh())]
+
+    def view(self) -> ChangelogView:
+        from pyiceberg.conversions import from_bytes
+
+        with self._lock:
+            table = self.refresh()
+        found = snapshots.summary(table)
+        field = table.schema().find_field(LSN)
+        files = []
+        for f in snapshots.data_files(table):
+            low = (f.lower_bounds or {}).get(field.field_id)
+            high = (f.upper_bounds or {}).get(field.field_id)
+            files.append(
+                ChangelogFile(
+                    snapshots.relative(table, f.file_path),
+                    f.file_path,
+                    f.file_size_in_bytes,
+                    None if low is None else int(from_bytes(field.field_type, low)),  # type: ignore[arg-type]
+                    None if high is None else int(from_bytes(field.field_type, high)),  # type: ignore[arg-type]
+                    int(f.record_count),
+                )
+            )
+        generation = snapshots.number(found, GENERATION) or 0
+        snap = table.current_snapshot()
+        schema = with_primary_key(writer_types(table), self._key(table))
+        return ChangelogView(
+            0 if snap is None else snap.snapshot_id,
+            generation,
+            str(table.metadata.table_uuid),
+            schema,
+            primary_key_of(schema),
+            files,
+            snapshots.number(found, f"{RETAINED}{generation}"),
+        )
+
+    # -- commits --------------------------------------------------------------------------
+    def log_sync(self) -> SyncSet:
+        return SyncSet()  # (each commit is durable when it returns)
+
+    def prepare(
+        self, files: Sequence[DataFile], end_lsn: int, metadata: Mapping[str, Any] | None = None
+    ) -> Path | None:
+        return None  # (the catalog's commit writes the metadata)
+
+    def _commit_loop(self, build: Any) -> Table:
+        """``build(table, summary)`` commits on the table as loaded; on a lost race the
+        table is read again and ``build`` runs again (its checks with it)."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        with self._lock:
+            for attempt in range(1, snapshots.COMMIT_ATTEMPTS + 1):
+                table = self.table()
+                found = snapshots.summary(table)
+                snapshots.check_fence(found, self._where)
+                try:
+                    done: Table = build(table, found)
+                except CommitFailedException as exc:
+                    log.warning(
+                        "commit.conflict", shape=self.shape, attempt=attempt, error=str(exc)
+                    )
+                    self._table = None
+                    continue
+                self._table = done
+                return done
+        raise SinkError(
+            f"shape '{self.shape}': {snapshots.COMMIT_ATTEMPTS} commits in a row lost a race "
+            "with another writer of this table"
+        )
+
+    def commit(
+        self,
+        files: Sequence[DataFile],
+        end_lsn: int,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        first_lsn: int | None = None,
+        prepared: Path | None = None,
+    ) -> int | None:
+        first = end_lsn if first_lsn is None else first_lsn
+        extra = {
+            "tidemark.operation": "stream",
+            "tidemark.firstLsn": str(first),
+            "tidemark.endLsn": str(end_lsn),
+            "tidemark.files": str(len(files)),
+            "tidemark.rows": str(sum(f.num_rows for f in files)),
+            **{k: str(v) for k, v in (metadata or {}).items()},
+            OFFSET + self.app_id: str(end_lsn),
+        }
+        synced = [False]
+        skipped = [False]
+
+        def build(table: Table, found: Mapping[str, str]) -> Table:
+            if holds(self.shape, snapshots.number(found, OFFSET + self.app_id), first, end_lsn):
+                skipped[0] = True
+                return table
+            if not synced[0]:
+                self.files_sync(files).sync()  # the files before the commit names them
+                synced[0] = True
+            fencing.check()
+            return snapshots.commit(
+                table,
+                snapshots.marked(found, extra),
+                add=[snapshots.absolute(table, f.path) for f in files],
+            )
+
+        with self._lock:
+            table = self._commit_loop(build)
+            if skipped[0]:
+                return None
+            snap = table.current_snapshot()
+            return 0 if snap is None else int(snap.sequence_number or 0)
+
+    def backfill_commit(
+        self,
+        remove: Sequence[tuple[str, int]],
+        files: Sequence[DataFile],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        replace: tuple[pa.Schema, Sequence[str]] | None = None,
+    ) -> int:
+        self.files_sync(files).sync()
+        gone = {p for p, _ in remove}
+
+        def build(table: Table, found: Mapping[str, str]) -> Table:
+            generation = (snapshots.number(found, GENERATION) or 0) + 1
+            kept = {k: v for k, v in found.items() if not k.startswith(RETAINED)}
+            extra = {
+                "tidemark.operation": "backfill",
+                GENERATION: str(generation),
+                **{k: str(v) for k, v in (metadata or {}).items()},
+            }
+            active = snapshots.data_files(table)
+            if replace is None:
+                delete = [f for f in active if snapshots.relative(table, f.file_path) in gone]
+                return snapshots.commit(
+                    table,
+                    snapshots.marked(kept, extra),
+                    add=[snapshots.absolute(table, f.path) for f in files],
+                    delete=delete,
+                )
+            schema, key = replace
+            plain = pa.schema([f.remove_metadata() for f in schema])
+            extra["tidemark.schemaReplaced"] = "true"
+            self.fitted = None
+            return snapshots.commit(
+                table,
+                snapshots.marked(kept, extra),
+                add=[snapshots.absolute(table, f.path) for f in files],
+                delete=active,
+                schema=snapshots.fresh_schema(plain, table),
+                properties={
+                    KEY_PROPERTY: json.dumps(list(key)),
+                    ARROW_PROPERTY: encode_schema(plain),
+                },
+            )
+
+        table = self._commit_loop(build)
+        snap = table.current_snapshot()
+        return 0 if snap is None else int(snap.sequence_number or 0)
+
+    def retention_commit(
+        self, remove: Sequence[tuple[str, int]], files: Sequence[DataFile], retained_lsn: int
+    ) -> int:
+        self.files_sync(files).sync()
+        gone = {p for p, _ in remove}
+
+        def build(table: Table, found: Mapping[str, str]) -> Table:
+            active = snapshots.data_files(table)
+            delete = [f for f in active if snapshots.relative(table, f.file_path) in gone]
+            if len(delete) != len(gone):
+                raise SinkError(
+                    f"shape '{self.shape}': changelog files changed while retention "
+                    "rewrote them; the next round tries again"
+                )
+            generation = snapshots.number(found, GENERATION) or 0
+            extra = {
+                "tidemark.operation": "retention",
+                "tidemark.retainedLsn": str(retained_lsn),
+                f"{RETAINED}{generation}": str(retained_lsn),
+            }
+            return snapshots.commit(
+                table,
+                snapshots.marked(found, extra),
+                add=[snapshots.absolute(table, f.path) for f in files],
+                delete=delete,
+            )
+
+        table = self._commit_loop(build)
+        snap = table.current_snapshot()
+        return 0 if snap is None else int(snap.sequence_number or 0)
+
+    # -- upkeep ---------------------------------------------------------------------------
+    def compact(self, target_size: int = 128 * 1024 * 1024) -> dict[str, Any]:
+        with self._lock:
+            schema = pa.schema([f.remove_metadata() for f in self.arrow_schema()])
+            removed, added = self.rewrite_small(self.active_files_with_sizes(), target_size, schema)
+            if not removed:
+                return {"numFilesAdded": 0, "numFilesRemoved": 0}
+            try:
+                self.files_sync(added).sync()
+                gone = {p for p, _ in removed}
+
+                def build(table: Table, found: Mapping[str, str]) -> Table:
+                    active = snapshots.data_files(table)
+                    delete = [f for f in active if snapshots.relative(table, f.file_path) in gone]
+                    if len(delete) != len(gone):
+                        raise SinkError(
+                            f"shape '{self.shape}': changelog files changed while "
+                            "compaction rewrote them; the next round tries again"
+                        )
+                    return snapshots.commit(
+                        table,
+                        snapshots.marked(found, {"tidemark.operation": "compaction"}),
+                        add=[snapshots.absolute(table, f.path) for f in added],
+                        delete=delete,
+                    )
+
+                self._commit_loop(build)
+            except BaseException:
+                self.delete_files(added)
+                raise
+            log.info("table.compacted", shape=self.shape, added=len(added), removed=len(removed))
+            return {"numFilesAdded": len(added), "numFilesRemoved": len(removed)}
+
+    def vacuum(self, retention_hours: int = 24, keep: Sequence[DataFile] = ()) -> list[str]:
+        """Expire snapshots older than ``retention_hours`` (never the newest, which
+        carries the table's state), then delete the files under the table's folder
+        that no remaining snapshot names and that are older than that: data files of a
+        failed batch or of expired snapshots, their manifests. ``keep``: files a
+        pending batch will commit (made young first)."""
+        with self._lock:
+            now = time.time()
+            for f in keep:
+                try:
+                    os.utime(self.path / f.path, (now, now))
+                except FileNotFoundError:
+                    continue
+            self._commit_loop(lambda t, found: expire(t, retention_hours))
+            return remove_unreferenced(self.table(), self.path, retention_hours)
+
+
+def expire(table: Table, retention_hours: float) -> Table:
+    """Remove the snapshots older than ``retention_hours`` but the newest, in a commit
+    built on the newest (``CommitFailedException`` if another landed)."""
+    from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
+
+    current = table.current_snapshot()
+    if current is None:
+        return table
+    cutoff = (time.time() - retention_hours * 3600) * 1000
+    old = [
+        s.snapshot_id
+        for s in table.snapshots()
+        if s.timestamp_ms < cutoff and s.snapshot_id != current.snapshot_id
+    ]
+    if not old:
+        return table
+    fencing.check()
+    tx = table.transaction()
+    tx._apply(
+        (RemoveSnapshotsUpdate.model_validate({"snapshot-ids": old}),),
+        (AssertRefSnapshotId.model_validate({"snapshot-id": current.snapshot_id, "ref": "main"}),),
+    )
+    return tx.commit_transaction()
+
+
+def remove_unreferenced(table: Table, folder: Path, retention_hours: float) -> list[str]:
+    """Delete the data and manifest files under ``folder`` no snapshot of ``table``
+    names, older than ``retention_hours``; the paths removed (relative)."""
+    named: set[str] = set()
+    for snap in table.snapshots():
+        named.add(snapshots.relative(table, snap.manifest_list))
+        for manifest in snap.manifests(table.io):
+            named.add(snapshots.relative(table, manifest.manifest_path))
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                named.add(snapshots.relative(table, entry.data_file.file_path))
+    cutoff = time.time() - retention_hours * 3600
+    removed = []
+    for top in ("data", "bucket", "metadata"):
+        for dirpath, _, names in os.walk(folder):
+            rel_dir = os.path.relpath(dirpath, folder)
+            if not rel_dir.startswith(top):
+                continue
+            for name in names:
+                rel = f"{rel_dir}/{name}"
+                if not name.endswith((".parquet", ".avro")) or rel in named:
+                    continue
+                path = Path(dirpath) / name
+                try:
+                    if path.stat().st_mtime >= cutoff:
+                        continue
+                    fencing.check()
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                removed.append(rel)
+    if removed:
+        log.info("table.vacuumed", table=str(folder), files=len(removed))
+    return removed
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False

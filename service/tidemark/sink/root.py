@@ -1,0 +1,84 @@
+"""Which table format a sink root holds, recorded under it (``_tidemark/format.json``),
+so that readers (``tidemark.read``, ``tidemark read``) find its tables without the
+service's settings, and a service started with another format is refused: a root
+keeps the format it was started with."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidemark.conninfo import redact_dsn
+from tidemark.durable import write_atomically
+from tidemark.errors import ConfigError, SinkError
+from tidemark.sink import TableFormat, table_format
+
+if TYPE_CHECKING:
+    from tidemark.config import IcebergSettings
+
+FORMAT_FILE = "_tidemark/format.json"
+CATALOG_ENV = "TIDEMARK_ICEBERG__CATALOG_URI"
+
+
+def _record(root: str | Path) -> dict[str, Any]:
+    path = Path(root) / FORMAT_FILE
+    try:
+        return dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise SinkError(f"cannot read {path}: {exc}") from exc
+
+
+def _holds_delta(root: str | Path) -> bool:
+    tables = Path(root) / "tables"
+    return tables.is_dir() and any((p / "_delta_log").is_dir() for p in tables.iterdir())
+
+
+def claim_root(root: str | Path, name: str, iceberg: IcebergSettings | None) -> TableFormat:
+    """At start: the format ``name`` for ``root``, its catalog reached (Iceberg), and
+    recorded under the root; ``ConfigError`` when the root holds another format."""
+    held = _record(root).get("format") or ("delta" if _holds_delta(root) else None)
+    if held is not None and held != name:
+        raise ConfigError(
+            f"the sink root {root} holds {held} tables, and tidemark was started with "
+            f'[sink] format = "{name}": a root keeps the format it was started with. Set '
+            f'the format back to "{held}", or point [sink] root at a new folder (the '
+            "shapes are then built again from snapshots)"
+        )
+    fmt = table_format(name, iceberg)
+    record: dict[str, Any] = {"format": name}
+    if name == "iceberg" and iceberg is not None:
+        from tidemark.sink.iceberg.catalog import catalog_uri
+
+        fmt.catalog(root)  # type: ignore[attr-defined]  # (reached, or a clear error)
+        record |= {
+            "catalog_uri": redact_dsn(iceberg.catalog_uri) if iceberg.catalog_uri else "",
+            "default_catalog": catalog_uri(root) if not iceberg.catalog_uri else None,
+            "namespace": iceberg.namespace,
+        }
+    if _record(root) != record:
+        write_atomically(Path(root) / FORMAT_FILE, json.dumps(record, indent=1))
+    return fmt
+
+
+def root_format(root: str | Path, catalog_uri: str | None = None) -> TableFormat:
+    """The format of the tables under ``root``, for a reader: as the service recorded
+    it (a root without a record: Delta). An Iceberg catalog whose URI holds a password
+    is not recorded with it: pass ``catalog_uri`` or set ``TIDEMARK_ICEBERG__CATALOG_URI``."""
+    record = _record(root)
+    name = record.get("format") or "delta"
+    if name != "iceberg":
+        return table_format(name)
+    from tidemark.config import IcebergSettings
+
+    uri = catalog_uri or os.environ.get(CATALOG_ENV) or record.get("catalog_uri") or ""
+    if "***" in uri:
+        raise SinkError(
+            f"the Iceberg catalog of {root} is {uri}: give its password, with "
+            f"catalog_uri=... or the environment variable {CATALOG_ENV}"
+        )
+    settings = IcebergSettings(catalog_uri=uri, namespace=record.get("namespace") or "tidemark")
+    return table_format("iceberg", settings)
