@@ -13,7 +13,7 @@ import pytest
 from tidemark.verify import compare_shape, normalise
 
 from .conftest import PgDatabase
-from .outside_readers import changelog_rows, folded
+from .outside_readers import changelog_rows, current_rows, folded, metadata_location
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
 
 SCHEMA = """
@@ -203,39 +203,57 @@ async def test_a_table_whose_names_hold_dots_and_quotes_is_published_and_followe
     assert result.equal, result.describe()
 
 
-def plain_current_state(root: Path, shape: str) -> tuple[frozenset[tuple[object, ...]], int, int]:
-    """``current/<shape>`` read with deltalake and pyarrow only (no tidemark code): its
-    rows without ``_lsn``, how many there are, and the LSN its newest refresh records."""
-    from deltalake import DeltaTable
+def plain_current_state(
+    root: Path, shape: str, table_format: str
+) -> tuple[frozenset[tuple[object, ...]], int, int]:
+    """``current/<shape>`` read without tidemark's code (deltalake, or the Iceberg
+    metadata file through DuckDB): its rows without ``_lsn``, how many there are, and
+    the LSN its newest refresh records."""
+    if table_format == "delta":
+        from deltalake import DeltaTable
 
-    dt = DeltaTable(str(root / "current" / shape))
-    lsn = dt.transaction_version(f"tidemark-current:{shape}")
-    assert lsn is not None
-    assert lsn == next(int(e["tidemark.lsn"]) for e in dt.history() if "tidemark.lsn" in e)
-    rows = dt.to_pyarrow_table().to_pylist()
+        dt = DeltaTable(str(root / "current" / shape))
+        lsn = dt.transaction_version(f"tidemark-current:{shape}")
+        assert lsn is not None
+        assert lsn == next(int(e["tidemark.lsn"]) for e in dt.history() if "tidemark.lsn" in e)
+        rows = dt.to_pyarrow_table().to_pylist()
+    else:
+        from pyiceberg.table import StaticTable
+
+        static = StaticTable.from_metadata(metadata_location(root, "tidemark_current", shape))
+        snap = static.current_snapshot()
+        while snap is not None and "tidemark.lsn" not in snap.summary.additional_properties:
+            snap = static.snapshot_by_id(snap.parent_snapshot_id)  # type: ignore[arg-type]
+        assert snap is not None
+        lsn = int(snap.summary.additional_properties["tidemark.lsn"])
+        rows = current_rows("duckdb", root, shape, table_format)
     got = [tuple(normalise(v) for c, v in r.items() if c != "_lsn") for r in rows]
     return frozenset(got), len(got), lsn
 
 
+def changelog_count(root: Path, shape: str, table_format: str) -> int:
+    return len(changelog_rows("duckdb", root, shape, table_format))
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_the_changelog(
     pg_db: PgDatabase,
     spark,
     tmp_path: Path,  # type: ignore[no-untyped-def]
+    table_format: str,
 ) -> None:
-    from deltalake import DeltaTable
-
     from tidemark import read
     from tidemark.errors import SinkError
-    from tidemark.sink.delta.current import CurrentTable
-    from tidemark.sink.delta.table import ShapeTable
+    from tidemark.sink import table_format as format_named
 
+    tables = format_named(table_format)
     await arun(pg_db, SCHEMA)
     settings = settings_for(
         pg_db.dsn,
         str(tmp_path),
         SHAPES,
         current={"refresh_s": 0.5, "buckets": 4},
-        sink={"changelog_retention_hours": 0},
+        sink={"changelog_retention_hours": 0, "format": table_format},
     )
     first_lsn = current_lsn(pg_db.dsn)
     async with running_service(settings, spark) as service:
@@ -257,17 +275,15 @@ async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_
             await service.keeper.refresh(shape)
         assert min(refreshes().values()) >= 1 and sum(refreshes().values()) > len(TRUTH)
         # a resync rebuilds the changelog from a new snapshot: the current table follows
-        urgent = ShapeTable(tmp_path, "urgent")
+        urgent = tables.changelog(tmp_path, "urgent")
         generation = urgent.generation()
         await service.resync_shape("urgent")
         await wait_frontiers(service, current_lsn(pg_db.dsn))
         assert urgent.generation() == generation + 1
         await service.keeper.refresh("urgent")
-        point = CurrentTable(tmp_path, "urgent").point()
-        assert point is not None and point.generation == generation + 1
-        before = {
-            s: DeltaTable(str(tmp_path / "tables" / s)).to_pyarrow_table().num_rows for s in TRUTH
-        }
+        point = tables.current(tmp_path, "urgent").points()[0]
+        assert point.generation == generation + 1
+        before = {s: changelog_count(tmp_path, s, table_format) for s in TRUTH}
         await service._maintain()  # retention 0 h: everything folded may go
         # a change after the retention, folded onto the current table again
         await arun(pg_db, "update accounts set owner = 'after retention' where id = 2")
@@ -278,9 +294,9 @@ async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_
         # (the keeper's own timer, every 0.5 s, may have folded a shape just before:
         # then this call found nothing to do; either way the table now folds the
         # change, and a small table is one bucket)
-        point = CurrentTable(tmp_path, "all_accounts").point()
-        committed = ShapeTable(tmp_path, "all_accounts").committed_lsn()
-        assert point is not None and committed is not None
+        point = tables.current(tmp_path, "all_accounts").points()[0]
+        committed = tables.changelog(tmp_path, "all_accounts").committed_lsn()
+        assert committed is not None
         assert point.lsn >= committed and point.buckets == 1, (point, committed)
         from tidemark.api.shape_view import shape_json
 
@@ -289,13 +305,13 @@ async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_
         assert view["lag_bytes"] is not None
     with psycopg.connect(pg_db.dsn) as conn:
         for shape, query in TRUTH.items():
-            table = ShapeTable(tmp_path, shape)
+            table = tables.changelog(tmp_path, shape)
             retained = table.retained_lsn(table.generation())
             assert retained is not None, shape
-            after = DeltaTable(table.uri).to_pyarrow_table().num_rows
+            after = changelog_count(tmp_path, shape, table_format)
             assert after < before[shape], (shape, before[shape], after)
-            # the current table alone, as any Delta reader sees it, as of its LSN
-            got, count, lsn = plain_current_state(tmp_path, shape)
+            # the current table alone, as any reader sees it, as of its LSN
+            got, count, lsn = plain_current_state(tmp_path, shape, table_format)
             assert lsn >= retained
             expected = [tuple(map(normalise, r)) for r in conn.execute(query).fetchall()]
             assert got == frozenset(expected) and count == len(expected), shape
