@@ -31,12 +31,14 @@ from deltalake.transaction import AddAction
 
 from tidemark.app import Service
 from tidemark.errors import WriterFenced
+from tidemark.sink import ChangelogTable, table_format
 from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.files import DataFile
 from tidemark.sink.schema import ColumnSpec, table_schema
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, settings_for, wait_frontiers
+from .sink_support import rows_of
 from .test_backfill import HIGH_SHAPE, make_items
 
 COLUMNS = [ColumnSpec("id", 23)]
@@ -81,7 +83,7 @@ def test_deltalake_refuses_a_concurrent_commit_with_the_same_app_id(tmp_path: Pa
     assert final.transaction_version("tidemark:other") == 1
 
 
-def _batch_files(table: ShapeTable, first: int, end: int) -> list[DataFile]:
+def _batch_files(table: ChangelogTable, first: int, end: int) -> list[DataFile]:
     lsns = list(range(first, end + 1))
     n = len(lsns)
     arrays = [
@@ -100,12 +102,14 @@ def _batch_files(table: ShapeTable, first: int, end: int) -> list[DataFile]:
     return table.files_in(rel)
 
 
-def _race(root: str, offset: int, start: multiprocessing.synchronize.Barrier, out: object) -> None:
+def _race(
+    root: str, offset: int, start: multiprocessing.synchronize.Barrier, out: object, fmt: str
+) -> None:
     """One process: batches of BATCH transactions, shifted by ``offset`` from the other's.
     Both processes commit each round's batch at the same moment (a barrier): a commit
     takes well under a millisecond, so without it one process can finish all its rounds
     before the other has started."""
-    table = ShapeTable(root, SHAPE)
+    table = table_format(fmt).changelog(root, SHAPE)
     committed, fenced, skipped = [], 0, 0
     for i in range(ROUNDS):
         first = offset + i * BATCH + 1
@@ -124,15 +128,19 @@ def _race(root: str, offset: int, start: multiprocessing.synchronize.Barrier, ou
     out.put((offset, committed, fenced, skipped))  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
 def test_two_processes_racing_overlapping_batches_commit_each_transaction_once(
-    tmp_path: Path,
+    tmp_path: Path, fmt: str
 ) -> None:
     # given one shape table and two processes whose batches overlap by half
     root = str(tmp_path)
-    ShapeTable(root, SHAPE).create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    tables = table_format(fmt)
+    tables.changelog(root, SHAPE).create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Barrier(2), ctx.Queue()
-    workers = [ctx.Process(target=_race, args=(root, off, start, out)) for off in (0, BATCH // 2)]
+    workers = [
+        ctx.Process(target=_race, args=(root, off, start, out, fmt)) for off in (0, BATCH // 2)
+    ]
     for w in workers:
         w.start()
     results = [out.get(timeout=300) for _ in workers]
@@ -145,15 +153,13 @@ def test_two_processes_racing_overlapping_batches_commit_each_transaction_once(
         assert first > end, ranges
     assert sum(fenced for _, _, fenced, _ in results) > 0, results
     # and every transaction in the table is there exactly once, and only those
-    table = DeltaTable(str(Path(root) / "tables" / SHAPE)).to_pyarrow_table(columns=["_lsn", "_op"])
-    pairs = Counter(
-        zip(table.column("_lsn").to_pylist(), table.column("_op").to_pylist(), strict=True)
-    )
+    rows = rows_of(tables.changelog(root, SHAPE))
+    pairs = Counter((r["_lsn"], r["_op"]) for r in rows)
     assert max(pairs.values()) == 1
     assert sorted(lsn for lsn, _ in pairs) == [
         lsn for first, end in ranges for lsn in range(first, end + 1)
     ]
-    assert ShapeTable(root, SHAPE).committed_lsn() == ranges[-1][1]
+    assert tables.changelog(root, SHAPE).committed_lsn() == ranges[-1][1]
 
 
 @pytest.mark.parametrize("pg_server", ["wheel"], indirect=True)

@@ -215,6 +215,12 @@ class IcebergChangelog(TableFolder):
                 files = snapshots.data_files(table)
             except Exception as exc:
                 raise TableDamaged(self._damaged(f"its metadata cannot be read: {exc}")) from exc
+            if KEY_PROPERTY not in table.properties:
+                raise SinkError(
+                    f"the Iceberg table {self.name} exists and was not created by tidemark "
+                    f"(it has no {KEY_PROPERTY} property): drop it, or set [iceberg] "
+                    "namespace to one tidemark may use alone"
+                )
             missing = [
                 f.file_path
                 for f in files

@@ -1,0 +1,219 @@
+"""The Iceberg format's own promises, beside the tests that run on both formats
+(``sink_format`` and ``table_format`` parameters elsewhere): a deposed leader's commit
+is refused by the epoch in the snapshot summary and by the catalog's compare-and-swap;
+expiring snapshots never loses the committed offset; a PostgreSQL database serves as
+the catalog; bad catalogs and foreign tables get clear errors. No Spark: the files are
+written with pyarrow, the commit protocol is what is tested."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tidemark import fencing
+from tidemark.config import IcebergSettings
+from tidemark.errors import ConfigError, SinkError
+from tidemark.sink import table_format
+from tidemark.sink.iceberg.catalog import forget_catalogs
+from tidemark.sink.iceberg.format import IcebergFormat
+from tidemark.sink.root import claim_root, root_format
+from tidemark.sink.schema import table_schema
+
+from .conftest import PgServer
+from .sink_support import rows_of
+from .test_sink_fencing import BATCH, COLUMNS, SHAPE, _batch_files
+
+
+@pytest.fixture
+def iceberg() -> Iterator[IcebergFormat]:
+    yield IcebergFormat()
+    forget_catalogs()
+
+
+@pytest.fixture
+def epoch_one(tmp_path: Path) -> Iterator[fencing.Fence]:
+    """This process leads ``tmp_path`` with epoch 1."""
+    (tmp_path / "_tidemark").mkdir()
+    (tmp_path / "_tidemark" / "leader.json").write_text('{"epoch": 1}')
+    fence = fencing.install(fencing.Fence(str(tmp_path), 1))
+    try:
+        yield fence
+    finally:
+        fencing.install(fencing.Fence())
+
+
+def test_a_deposed_leaders_commit_is_refused_by_the_mark_and_by_the_swap(
+    tmp_path: Path, iceberg: IcebergFormat, epoch_one: fencing.Fence
+) -> None:
+    root = str(tmp_path)
+    deposed: list[str] = []
+    epoch_one.on_deposed(deposed.append)
+    table = iceberg.changelog(root, SHAPE)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    assert table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1) is not None
+    staged = _batch_files(table, BATCH + 1, 2 * BATCH)
+    # when a newer leader takes over: the epoch raised, the table marked
+    assert fencing.advance(root, "test") == 2
+    fencing.install(fencing.Fence(root, 2))
+    assert iceberg.mark(root, 2, [SHAPE], fencing.EPOCH_APP) == 1
+    assert iceberg.mark(root, 2, [SHAPE], fencing.EPOCH_APP) == 0  # (marked once)
+    fencing.install(epoch_one)
+    snapshots_before = len(iceberg.changelog(root, SHAPE).refresh().snapshots())
+    # then the old leader's commit, built on the snapshot before the mark (the swap
+    # fails, the table is read again and its mark refuses it), is refused
+    with pytest.raises(fencing.Deposed, match="newer leader"):
+        table.commit(staged, 2 * BATCH, first_lsn=BATCH + 1)
+    assert deposed and "epoch 2" in deposed[0]
+    # and a handle that skipped the epoch file (its pause came between the check and
+    # the commit) is refused by the table's mark alone
+    (tmp_path / "_tidemark" / "leader.json").write_text('{"epoch": 1}')
+    fencing.install(fencing.Fence(root, 1))
+    with pytest.raises(fencing.Deposed, match="marked by a newer leader"):
+        iceberg.changelog(root, SHAPE).commit(staged, 2 * BATCH, first_lsn=BATCH + 1)
+    fresh = iceberg.changelog(root, SHAPE)
+    assert len(fresh.refresh().snapshots()) == snapshots_before
+    assert fresh.committed_lsn() == BATCH
+    assert sorted(r["_lsn"] for r in rows_of(fresh)) == list(range(1, BATCH + 1))
+
+
+def test_a_new_leaders_mark_is_not_lost_to_a_commit_racing_it(
+    tmp_path: Path, iceberg: IcebergFormat, epoch_one: fencing.Fence
+) -> None:
+    """A commit of the old leader that lands first: the mark goes on top of it, and the
+    old leader's next commit is refused."""
+    root = str(tmp_path)
+    table = iceberg.changelog(root, SHAPE)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    stale = iceberg.changelog(root, SHAPE).refresh()  # the new leader's read
+    table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1)  # lands first
+    from tidemark.sink.iceberg.format import _mark
+
+    loads = iter([stale])
+
+    def load() -> object:  # the stale snapshot first, then the table as it is
+        return next(loads, None) or iceberg.changelog(root, SHAPE).refresh()
+
+    assert _mark(load, 2, fencing.EPOCH_APP)
+    after = iceberg.changelog(root, SHAPE)
+    summary = after.refresh().current_snapshot().summary  # type: ignore[union-attr]
+    assert summary.additional_properties[fencing.EPOCH_APP] == "2"
+    assert summary.additional_properties["tidemark.operation"] == "epoch"
+    assert after.committed_lsn() == BATCH  # (carried forward by the mark)
+    with pytest.raises(fencing.Deposed):
+        table.commit(_batch_files(table, BATCH + 1, 2 * BATCH), 2 * BATCH, first_lsn=BATCH + 1)
+
+
+def test_expired_snapshots_lose_nothing_a_restart_needs(
+    tmp_path: Path, iceberg: IcebergFormat
+) -> None:
+    root = str(tmp_path)
+    table = iceberg.changelog(root, SHAPE)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    for i in range(5):
+        first = i * BATCH + 1
+        table.commit(
+            _batch_files(table, first, first + BATCH - 1), first + BATCH - 1, first_lsn=first
+        )
+    table.compact(target_size=1 << 30)  # (a compaction's snapshot, then)
+    # when upkeep expires every snapshot but the newest and removes what none names
+    removed = table.vacuum(retention_hours=0)
+    restarted = iceberg.changelog(root, SHAPE)
+    assert len(restarted.refresh().snapshots()) == 1
+    assert removed  # the compacted batches' files are gone
+    # then a restart still reads the committed offset, and a replay is skipped
+    assert restarted.committed_lsn() == 5 * BATCH
+    replay = _batch_files(restarted, 4 * BATCH + 1, 5 * BATCH)
+    assert restarted.commit(replay, 5 * BATCH, first_lsn=4 * BATCH + 1) is None
+    lsns = sorted(r["_lsn"] for r in rows_of(restarted))
+    assert lsns == list(range(1, 5 * BATCH + 1))
+
+
+@pytest.mark.parametrize("pg_server", ["wheel"], indirect=True)
+def test_a_postgresql_database_is_the_catalog(tmp_path: Path, pg_server: PgServer) -> None:
+    name = "t_iceberg_catalog"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"drop database if exists {name}")
+        conn.execute(f"create database {name}")
+    try:
+        settings = IcebergSettings(catalog_uri=pg_server.dsn_for(name), namespace="lake")
+        tables = claim_root(tmp_path, "iceberg", settings)
+        table = tables.changelog(tmp_path, SHAPE)
+        table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+        table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1)
+        with psycopg.connect(pg_server.dsn_for(name)) as conn:
+            found = conn.execute(
+                "select table_namespace, table_name from iceberg_tables order by 1, 2"
+            ).fetchall()
+        assert found == [("lake", SHAPE)]
+        # a reader finds the catalog from the root's record, the password given apart
+        recorded = json.loads((tmp_path / "_tidemark" / "format.json").read_text())
+        assert recorded["format"] == "iceberg" and recorded["namespace"] == "lake"
+        forget_catalogs()
+        reader = root_format(tmp_path, pg_server.dsn_for(name))
+        assert reader.changelog(tmp_path, SHAPE).committed_lsn() == BATCH
+    finally:
+        forget_catalogs()
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"drop database if exists {name} with (force)")
+
+
+def test_a_catalog_that_cannot_be_reached_is_a_clear_error(tmp_path: Path) -> None:
+    settings = IcebergSettings(catalog_uri="postgresql://tm:secret@127.0.0.1:1/nowhere")
+    with pytest.raises(SinkError) as caught:
+        claim_root(tmp_path, "iceberg", settings)
+    message = str(caught.value)
+    assert "cannot use the Iceberg catalog at postgresql://tm:***@127.0.0.1:1/nowhere" in message
+    assert "secret" not in message and "[iceberg] catalog_uri" in message
+    assert not (tmp_path / "_tidemark" / "format.json").exists()
+
+
+@pytest.mark.parametrize("pg_server", ["wheel"], indirect=True)
+def test_a_namespace_the_catalog_cannot_create_is_a_clear_error(
+    tmp_path: Path, pg_server: PgServer
+) -> None:
+    """A role that may not create the catalog's tables in its database."""
+    name, role = "t_iceberg_ro", "t_iceberg_ro"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"drop database if exists {name}")
+        conn.execute(f"drop role if exists {role}")
+        conn.execute(f"create role {role} login password 'ro'")
+        conn.execute(f"create database {name}")
+    try:
+        with psycopg.connect(pg_server.dsn_for(name), autocommit=True) as conn:
+            conn.execute(f"revoke create on schema public from public, {role}")
+        settings = IcebergSettings(catalog_uri=pg_server.dsn_for(name, role, "ro"))
+        with pytest.raises(SinkError, match="cannot use the Iceberg catalog") as caught:
+            claim_root(tmp_path, "iceberg", settings)
+        assert "permission denied" in str(caught.value)
+    finally:
+        forget_catalogs()
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"drop database if exists {name} with (force)")
+            conn.execute(f"drop role if exists {role}")
+
+
+def test_a_root_keeps_its_format(tmp_path: Path) -> None:
+    delta = table_format("delta")
+    claim_root(tmp_path, "delta", None)
+    delta.changelog(tmp_path, SHAPE).create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    with pytest.raises(ConfigError, match=r'holds delta tables.*format = "iceberg"'):
+        claim_root(tmp_path, "iceberg", IcebergSettings())
+    # a Delta root made before roots recorded their format is recognised too
+    (tmp_path / "_tidemark" / "format.json").unlink()
+    with pytest.raises(ConfigError, match="holds delta tables"):
+        claim_root(tmp_path, "iceberg", IcebergSettings())
+
+
+def test_a_table_in_the_catalog_not_made_by_tidemark_is_refused(
+    tmp_path: Path, iceberg: IcebergFormat
+) -> None:
+    import pyarrow as pa
+
+    catalog = iceberg.catalog(tmp_path)
+    catalog.create_table(("tidemark", SHAPE), schema=pa.schema([pa.field("x", pa.string())]))
+    with pytest.raises(SinkError, match="was not created by tidemark"):
+        iceberg.changelog(tmp_path, SHAPE).create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
