@@ -417,3 +417,29 @@ def test_a_round_deposed_while_it_prepares_leaves_none_of_its_entries(
             assert DeltaTable(table.uri).version() == 1
     finally:
         fencing.install(fencing.Fence())
+
+
+def test_a_transaction_retention_on_a_delta_table_is_overridden_at_start(tmp_path: Path) -> None:
+    """``delta.setTransactionRetentionDuration`` lets a Delta writer forget application
+    transactions not updated within it: the committed offsets. A table that has it (set
+    by another tool) gets it overridden when tidemark opens it, and a restart after the
+    retention replays nothing. (deltalake 1.6 kept the transactions in every trial here,
+    checkpoint or not; Spark's Delta drops expired ones from its checkpoints.)"""
+    root = str(tmp_path)
+    table = ShapeTable(root, SHAPE)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1)
+    DeltaTable(table.uri).alter.set_table_properties(
+        {"delta.setTransactionRetentionDuration": "interval 1 second"}
+    )
+    time.sleep(1.5)
+    # when tidemark starts again on the table
+    restarted = ShapeTable(root, SHAPE)
+    assert restarted.recover()
+    # then the retention is one no offset outlives, and a replay is skipped
+    config = DeltaTable(table.uri).metadata().configuration
+    assert config["delta.setTransactionRetentionDuration"] == "interval 36500 days"
+    DeltaTable(table.uri).create_checkpoint()
+    assert restarted.committed_lsn() == BATCH
+    assert restarted.commit(_batch_files(restarted, 1, BATCH), BATCH, first_lsn=1) is None
+    assert sorted(r["_lsn"] for r in rows_of(restarted)) == list(range(1, BATCH + 1))

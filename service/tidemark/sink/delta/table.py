@@ -106,6 +106,8 @@ GENERATION_PREFIX = "tidemark-generation:"
 RETAINED_PREFIX = "tidemark-retained:"
 COMMIT_ATTEMPTS = 5
 CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
+TXN_RETENTION_KEY = "delta.setTransactionRetentionDuration"
+TRANSACTION_RETENTION = "interval 36500 days"  # (what tidemark puts instead: never)
 ENGINE = "tidemark"
 
 
@@ -570,7 +572,31 @@ class ShapeTable(TableFolder):
                         f"e.g. {missing[0]}"
                     )
                 )
+            self._keep_transactions()
             return True
+
+    def _keep_transactions(self) -> None:
+        """The committed offsets, the generation and the epoch marks are application
+        transactions: a table property ``delta.setTransactionRetentionDuration`` lets a
+        Delta writer drop those not updated within it from its checkpoints, and a
+        restart would then replay committed transactions. Set on a tidemark table (by
+        hand, or by another tool), it is overridden with ``TRANSACTION_RETENTION``."""
+        dt = self._handle()
+        found = dt.metadata().configuration.get(TXN_RETENTION_KEY)
+        if found is None or found == TRANSACTION_RETENTION:
+            return
+        fencing.current().check_snapshot(dt, self._where)
+        before = dt.version()
+        dt.alter.set_table_properties({TXN_RETENTION_KEY: TRANSACTION_RETENTION})
+        self._synced_library_commit(before, dt.version())
+        self._dt = self._head = None
+        log.warning(
+            "table.transaction_retention_overridden",
+            shape=self.shape,
+            found=found,
+            now=TRANSACTION_RETENTION,
+            meaning="the committed offsets must never expire",
+        )
 
     def _damaged(self, what: str) -> str:
         return (
