@@ -28,6 +28,7 @@ before ``R`` is refused, naming ``R``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,12 @@ def snapshot(
     tables: TableFormat | None = None,
 ) -> dict[str, Any]:
     """Every shape folded as of ``as_of``; refuses an LSN beyond any shape's frontier."""
+    _check_frontiers(root, shapes, as_of)
+    tables = tables or root_format(root)
+    return {shape: current(spark, root, shape, as_of, tables) for shape in shapes}
+
+
+def _check_frontiers(root: str | Path, shapes: Sequence[str], as_of: int) -> None:
     behind = []
     for shape in shapes:
         frontier = frontier_of(root, shape)
@@ -132,8 +139,82 @@ def snapshot(
             f"{', '.join(behind)}. Wait for the frontiers (tidemark wait --lsn) or read "
             "as of an earlier LSN"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TableVersions:
+    """Which versions of a shape's tables hold its state as of one LSN (``versions_at``)."""
+
+    shape: str
+    format: str  # delta or iceberg
+    lsn: int
+    changelog: str  # the table: a folder (Delta) or a catalog name (Iceberg)
+    changelog_version: int  # Delta: the version; Iceberg: the snapshot id
+    current: str | None
+    current_version: int | None  # a refresh at or before ``lsn`` (None: none readable)
+    current_lsn: int | None  # the LSN that refresh folded through
+
+    def how(self) -> str:
+        """The read, in words any engine can follow."""
+        start = f"read {self.changelog} at {self.changelog_version} where _lsn <= {self.lsn}"
+        if self.current_version is None:
+            return f"{start}, and fold it by the primary key"
+        return (
+            f"read {self.current} at {self.current_version} (the state at LSN "
+            f"{self.current_lsn}), then fold onto it the rows of {self.changelog} at "
+            f"{self.changelog_version} with {self.current_lsn} < _lsn <= {self.lsn}; or {start} "
+            "and fold it by the primary key"
+        )
+
+
+def versions_at(
+    root: str | Path, shapes: Sequence[str], lsn: int, tables: TableFormat | None = None
+) -> dict[str, TableVersions]:
+    """For each shape, the version (Delta) or snapshot id (Iceberg) of its changelog that
+    holds every transaction at or below ``lsn`` (the oldest that does: read it with
+    ``_lsn <= lsn``), and the newest current-table refresh at or before ``lsn``: time
+    travel each table there with any engine and every shape is as of the same Postgres
+    commit. Refuses an LSN beyond any shape's frontier, or before a shape's snapshot."""
+    _check_frontiers(root, shapes, lsn)
     tables = tables or root_format(root)
-    return {shape: current(spark, root, shape, as_of, tables) for shape in shapes}
+    out = {}
+    for shape in shapes:
+        _check_after_snapshot(root, shape, lsn)
+        table = tables.changelog(root, shape)
+        commits = table.commits()
+        if not commits:
+            raise SinkError(f"shape '{shape}' has no table under {root} yet")
+        chosen = commits[0].version
+        for commit in commits:  # newest first
+            if commit.end_lsn is not None and commit.end_lsn >= lsn:
+                chosen = commit.version
+            if commit.operation == "backfill":
+                break  # (older versions hold an earlier generation)
+        state = tables.current(root, shape)
+        generation, identity = table.generation(), table.identity()
+        point = next(
+            (p for p in state.points() if p.lsn <= lsn and p.folds(generation, identity)), None
+        )
+        out[shape] = TableVersions(
+            shape,
+            tables.name,
+            lsn,
+            table.name,
+            chosen,
+            state.name if state.exists() else None,
+            None if point is None else point.version,
+            None if point is None else point.lsn,
+        )
+    return out
 
 
-__all__ = ["changelog", "current", "fold", "fold_onto", "frontier_of", "snapshot", "snapshot_rows"]
+__all__ = [
+    "changelog",
+    "current",
+    "fold",
+    "fold_onto",
+    "frontier_of",
+    "snapshot",
+    "snapshot_rows",
+    "versions_at",
+]

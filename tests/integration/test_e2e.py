@@ -153,6 +153,79 @@ async def test_mixed_workload_every_shape_equals_postgres(
     assert row is not None and int(Lsn.parse(row[0])) >= target
 
 
+def rows_at_version(
+    root: Path, kind: str, shape: str, table_format: str, version: int
+) -> list[dict[str, object]]:
+    """A table's rows at one version (Delta) or snapshot (Iceberg), read with the
+    format's own library, as a user's engine would time travel."""
+    if table_format == "delta":
+        from deltalake import DeltaTable
+
+        return DeltaTable(str(root / kind / shape), version=version).to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
+    from pyiceberg.table import StaticTable
+
+    namespace = "tidemark" if kind == "tables" else "tidemark_current"
+    static = StaticTable.from_metadata(metadata_location(root, namespace, shape))
+    return static.scan(snapshot_id=version).to_arrow().to_pylist()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+async def test_every_table_time_travelled_to_the_versions_at_one_lsn_equals_postgres_then(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    table_format: str,
+) -> None:
+    """``tidemark.read.versions_at``: the version of each shape's tables holding the
+    state as of one LSN; read there with the format's own library and folded, every
+    shape equals what Postgres held at that LSN, while changes went on after it."""
+    from tidemark import read
+
+    await arun(pg_db, SCHEMA)
+    settings = settings_for(
+        pg_db.dsn,
+        str(tmp_path),
+        SHAPES,
+        current={"refresh_s": 3600, "buckets": 4},
+        sink={"format": table_format},
+    )
+    async with running_service(settings, spark) as service:
+        assert service.keeper is not None
+        await mixed_workload(pg_db)
+        at = current_lsn(pg_db.dsn)
+        await wait_frontiers(service, at)
+        with psycopg.connect(pg_db.dsn) as conn:
+            then = {
+                shape: frozenset(tuple(map(normalise, r)) for r in conn.execute(query))
+                for shape, query in TRUTH.items()
+            }
+        await service.keeper.refresh(*TRUTH)  # current tables folded through ``at``
+        # changes after the LSN: updates, deletes, inserts
+        await arun(pg_db, "update accounts set balance = balance + 5000, tier = 'gold'")
+        await arun(pg_db, "delete from events where id % 2 = 0")
+        await arun(pg_db, "insert into notes values (9001, 900, 'later')")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        await service.keeper.refresh(*TRUTH)
+    versions = read.versions_at(tmp_path, list(TRUTH), at)
+    for shape, expected in then.items():
+        found = versions[shape]
+        assert found.format == table_format and found.lsn == at
+        changes = rows_at_version(tmp_path, "tables", shape, table_format, found.changelog_version)
+        assert any(int(r["_lsn"]) > at for r in rows_of_newest(tmp_path, shape, table_format))
+        upto = [r for r in changes if int(r["_lsn"]) <= at]  # type: ignore[call-overload]
+        assert folded(upto, ["id"]) == expected, (shape, found.how())
+        # the current table at its refresh, and the changelog rows after it folded on
+        assert found.current_version is not None and found.current_lsn is not None, found
+        base = rows_at_version(tmp_path, "current", shape, table_format, found.current_version)
+        rows = [r | {"_kind": "snapshot", "_op": 0} for r in base]
+        rows += [r for r in upto if int(r["_lsn"]) > found.current_lsn]  # type: ignore[call-overload]
+        assert folded(rows, ["id"]) == expected, (shape, found.how())
+
+
+def rows_of_newest(root: Path, shape: str, table_format: str) -> list[dict[str, object]]:
+    return changelog_rows("duckdb", root, shape, table_format)
+
+
 async def test_added_column_with_a_default_is_resynced_to_equal_postgres(
     pg_db: PgDatabase,
     spark,

@@ -127,6 +127,16 @@ class ChangelogView:
 
 
 @dataclass(frozen=True, slots=True)
+class CommitRecord:
+    """One commit of a changelog, as its history (Delta) or lineage (Iceberg) has it."""
+
+    version: int  # Delta: the table version; Iceberg: the snapshot id
+    end_lsn: int | None  # the commit LSN of its last transaction (a stream commit)
+    operation: str  # stream, backfill, retention, compaction, epoch, ...
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Pinned:
     """The newest version of a current-state table, as a refresh starts from it."""
 
@@ -146,6 +156,10 @@ class ChangelogTable(Protocol):
     # a writer schema found to fit the table (``writers.job.fit_table``); forgotten
     # whenever the table's schema may have changed through this object
     fitted: pa.Schema | None
+
+    @property
+    def name(self) -> str:
+        """How an engine names it: its folder (Delta), its catalog name (Iceberg)."""
 
     # -- existence, schema ----------------------------------------------------------
     def exists(self) -> bool: ...
@@ -215,6 +229,9 @@ class ChangelogTable(Protocol):
     def view(self) -> ChangelogView:
         """The newest version pinned: its files with their ``_lsn`` range."""
 
+    def commits(self) -> list[CommitRecord]:
+        """The commits still readable (time travel reaches them), newest first."""
+
     # -- commits --------------------------------------------------------------------------
     def files_sync(self, files: Sequence[DataFile]) -> SyncSet:
         """What makes ``files`` durable before a commit names them."""
@@ -271,6 +288,10 @@ class CurrentState(Protocol):
     shape: str
     path: Path  # Spark's output is moved into its bucket folders
     uri: str
+
+    @property
+    def name(self) -> str:
+        """As ``ChangelogTable.name``."""
 
     def exists(self) -> bool: ...
 

@@ -47,6 +47,7 @@ class CurrentTable:
         self.path = current_path(root, shape)
         self.uri = str(self.path)
         self.app_id = f"tidemark-current:{shape}"
+        self.name = self.uri
 
     def exists(self) -> bool:
         return DeltaTable.is_deltatable(self.uri)

@@ -96,7 +96,7 @@ from tidemark.errors import SinkError, TableDamaged
 from tidemark.sink.delta.log import add_action, add_entry, entries_sync, recover_log
 from tidemark.sink.files import DataFile
 from tidemark.sink.folder import TableFolder, holds
-from tidemark.sink.port import ChangelogView
+from tidemark.sink.port import ChangelogView, CommitRecord
 from tidemark.sink.schema import OP, primary_key_of, with_primary_key
 
 log = structlog.get_logger("tidemark.sink")
@@ -172,6 +172,7 @@ class ShapeTable(TableFolder):
         self.path = table_path(root, shape)
         self.uri = str(self.path)
         self.app_id = app_id_for(shape, epoch)
+        self.name = self.uri
         self._lock = threading.RLock()
         self._dt: DeltaTable | None = None
         self._head: _Head | None = None
@@ -743,6 +744,21 @@ class ShapeTable(TableFolder):
         from tidemark.sink.delta.current import changelog_view
 
         return changelog_view(self)
+
+    def commits(self) -> list[CommitRecord]:
+        out = []
+        for entry in DeltaTable(self.uri).history():
+            end = entry.get("tidemark.endLsn")
+            operation = entry.get("tidemark.operation") or ("stream" if end else "")
+            out.append(
+                CommitRecord(
+                    int(entry["version"]),
+                    None if end is None else int(end),
+                    str(operation or entry.get("operation", "")),
+                    int(entry.get("timestamp", 0)),
+                )
+            )
+        return out
 
     # -- maintenance --------------------------------------------------------
 

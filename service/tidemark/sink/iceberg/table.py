@@ -45,7 +45,7 @@ from tidemark.sink.files import DataFile
 from tidemark.sink.folder import TableFolder, holds
 from tidemark.sink.iceberg import snapshots
 from tidemark.sink.iceberg.snapshots import GENERATION, OFFSET, RETAINED
-from tidemark.sink.port import ChangelogFile, ChangelogView
+from tidemark.sink.port import ChangelogFile, ChangelogView, CommitRecord
 from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
 
 if TYPE_CHECKING:
@@ -376,6 +376,25 @@ class IcebergChangelog(TableFolder):
             files,
             snapshots.number(found, f"{RETAINED}{generation}"),
         )
+
+    def commits(self) -> list[CommitRecord]:
+        with self._lock:
+            table = self.refresh()
+        out = []
+        snap = table.current_snapshot()
+        while snap is not None:
+            found = snapshots.summary(table, snap.snapshot_id)
+            out.append(
+                CommitRecord(
+                    snap.snapshot_id,
+                    snapshots.number(found, "tidemark.endLsn"),
+                    found.get("tidemark.operation", ""),
+                    snap.timestamp_ms,
+                )
+            )
+            parent = snap.parent_snapshot_id
+            snap = None if parent is None else table.snapshot_by_id(parent)
+        return out
 
     # -- commits --------------------------------------------------------------------------
     def log_sync(self) -> SyncSet:
