@@ -173,8 +173,10 @@ class IcebergSettings(_Section):
         description="where the changelog tables are (<namespace>.<shape>); the current-state "
         "tables are in <namespace>_current",
     )
-    format_version: Literal[2, 3] = Field(
-        default=2, description="the Iceberg table format version of new tables"
+    format_version: Literal[2] = Field(
+        default=2,
+        description="the Iceberg table format version of new tables (2: pyiceberg 0.12, "
+        "which tidemark commits with, writes no other)",
     )
     properties: dict[str, str] = Field(
         default_factory=dict,
