@@ -5,6 +5,7 @@ Markers on stdout (each followed by a short pause, so the parent can kill there)
 ``WRITING <shape> <end_lsn>`` before Spark writes a batch, ``BETWEEN <shape>
 <end_lsn>`` after the files are written and before the Delta commit, and
 ``COMMITTED <shape> <end_lsn>`` after it. ``DONE`` when every transaction is in.
+The second argument is the table format (delta, iceberg).
 
 Flush rounds (one Spark job for several shapes): ``ROUND <shape> ...`` after the
 round's job wrote every member's files and before any of its commits, and
@@ -40,9 +41,11 @@ def lsn_of(k: int) -> int:
     return 1_000 * (k + 1)
 
 
-def main(root: str) -> None:
+def main(root: str, fmt: str = "delta") -> None:
     from tests.integration.sink_support import make_feeder, open_writer
+    from tidemark.sink import table_format
     from tidemark.sink.delta.table import ShapeTable
+    from tidemark.sink.iceberg.table import IcebergChangelog
     from tidemark.spark import build_session
     from tidemark.writers import job
     from tidemark.writers import scheduler as scheduler_module
@@ -52,7 +55,8 @@ def main(root: str) -> None:
         print(text, flush=True)
         time.sleep(0.3)
 
-    real_write, real_commit = job.write_parquet, ShapeTable.commit
+    changelog = ShapeTable if fmt == "delta" else IcebergChangelog
+    real_write, real_commit = job.write_parquet, changelog.commit
     real_round = scheduler_module.write_round
     turns = threading.Lock()
     pending: set[str] = set()  # members of the round being committed
@@ -79,13 +83,14 @@ def main(root: str) -> None:
             return version
 
     job.write_parquet = write_parquet
-    ShapeTable.commit = commit  # type: ignore[method-assign]
+    changelog.commit = commit  # type: ignore[method-assign]
     scheduler_module.write_round = write_round
 
     spark = build_session()
     feeder = make_feeder()
+    tables = table_format(fmt)
     for shape in SHAPES:
-        open_writer(feeder, root, shape)
+        open_writer(feeder, root, shape, tables=tables)
 
     async def run() -> None:
         scheduler = FlushScheduler(
@@ -112,4 +117,4 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

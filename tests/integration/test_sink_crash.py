@@ -15,8 +15,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tidemark.embedded import die_with_parent
-from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink import table_format
 
 from .crash_writer import SHAPES, TXNS, expected_rows, lsn_of
 from .sink_support import rows_of
@@ -24,11 +26,11 @@ from .sink_support import rows_of
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_child(root: Path, kill_at: str | None, nth: int) -> list[str]:
+def run_child(root: Path, kill_at: str | None, nth: int, fmt: str = "delta") -> list[str]:
     """Run the writer; SIGKILL it at the nth line starting with kill_at."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'service'}"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.crash_writer", str(root)],
+        [sys.executable, "-m", "tests.integration.crash_writer", str(root), fmt],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -51,10 +53,10 @@ def run_child(root: Path, kill_at: str | None, nth: int) -> list[str]:
     return seen
 
 
-def check_exactly_once(root: Path) -> dict[str, int | None]:
+def check_exactly_once(root: Path, fmt: str = "delta") -> dict[str, int | None]:
     committed: dict[str, int | None] = {}
     for shape in SHAPES:
-        table = ShapeTable(root, shape)
+        table = table_format(fmt).changelog(root, shape)
         lsn = table.committed_lsn()
         committed[shape] = lsn
         rows = rows_of(table) if table.exists() else []
@@ -71,9 +73,10 @@ def check_exactly_once(root: Path) -> dict[str, int | None]:
     return committed
 
 
-def test_killed_writer_restarts_without_loss_or_duplicates(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_killed_writer_restarts_without_loss_or_duplicates(tmp_path: Path, fmt: str) -> None:
     kills = (("WRITING", 3), ("BETWEEN", 4), ("COMMITTED", 5), ("BETWEEN", 2))
-    check_kills(tmp_path, kills)
+    check_kills(tmp_path, kills, fmt)
 
 
 def test_a_writer_killed_between_a_rounds_job_and_its_commits_loses_and_duplicates_nothing(
@@ -86,17 +89,19 @@ def test_a_writer_killed_between_a_rounds_job_and_its_commits_loses_and_duplicat
     assert seen_rounds, "no flush round ran"
 
 
-def check_kills(tmp_path: Path, kills: tuple[tuple[str, int], ...]) -> list[str]:
+def check_kills(
+    tmp_path: Path, kills: tuple[tuple[str, int], ...], fmt: str = "delta"
+) -> list[str]:
     history = []
     rounds = []
     for kill_at, nth in kills:
-        seen = run_child(tmp_path, kill_at, nth)
+        seen = run_child(tmp_path, kill_at, nth, fmt)
         assert any(line.startswith(kill_at) for line in seen), seen[-5:]
         rounds += [line for line in seen if line.startswith("ROUND")]
-        history.append(check_exactly_once(tmp_path))
-    seen = run_child(tmp_path, None, 0)
+        history.append(check_exactly_once(tmp_path, fmt))
+    seen = run_child(tmp_path, None, 0, fmt)
     assert seen[-1] == "DONE"
-    final = check_exactly_once(tmp_path)
+    final = check_exactly_once(tmp_path, fmt)
     last = {
         s: max((lsn_of(k) for k in range(TXNS) if s in expected_rows(k)), default=None)
         for s in SHAPES
