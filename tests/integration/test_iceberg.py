@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.crashfs import CrashFS, require_crashfs
 from tidemark import fencing
 from tidemark.config import IcebergSettings
 from tidemark.errors import ConfigError, SinkError
@@ -217,3 +218,25 @@ def test_a_table_in_the_catalog_not_made_by_tidemark_is_refused(
     catalog.create_table(("tidemark", SHAPE), schema=pa.schema([pa.field("x", pa.string())]))
     with pytest.raises(SinkError, match="was not created by tidemark"):
         iceberg.changelog(tmp_path, SHAPE).create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+
+
+def test_a_commit_is_on_disk_when_it_returns(tmp_path: Path) -> None:
+    """On a filesystem that forgets what was not synced (``tests/crashfs``): the power
+    cut right after each commit returns, the table opens with that commit. (The data
+    files are synced before the commit, pyiceberg's metadata files by tidemark's file
+    IO before the catalog's pointer moves, the pointer by SQLite.)"""
+    require_crashfs()
+    with CrashFS.mounted(tmp_path) as fs:
+        root = Path(fs.root) / "lake"
+        table = IcebergFormat().changelog(root, SHAPE)
+        table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+        for k in range(3):
+            first, end = k * BATCH + 1, (k + 1) * BATCH
+            table.commit(_batch_files(table, first, end), end, first_lsn=first)
+            forget_catalogs()  # (its SQLite connections: the mount goes away)
+            fs.power_loss()
+            table = IcebergFormat().changelog(root, SHAPE)
+            assert table.recover(), f"the table is gone after commit {k}"
+            assert table.committed_lsn() == end
+            assert sorted(r["_lsn"] for r in rows_of(table)) == list(range(1, end + 1))
+        forget_catalogs()

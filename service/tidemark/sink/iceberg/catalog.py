@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from tidemark.conninfo import redact_dsn, redact_text
+from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
 
 if TYPE_CHECKING:
@@ -80,9 +81,12 @@ def _open(root: str | Path, uri: str, settings: IcebergSettings) -> Catalog:
         else:
             from pyiceberg.catalog.sql import SqlCatalog
 
-            if uri.startswith("sqlite:///"):
-                Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+            database = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+            if database is not None:
+                make_dirs(database.parent)
             catalog = SqlCatalog(CATALOG_NAME, uri=_sqlalchemy_uri(uri), **properties)
+            if database is not None:
+                _durable_sqlite(catalog, database)
         for namespace in (settings.namespace, current_namespace(settings.namespace)):
             catalog.create_namespace_if_not_exists(namespace)
     except Exception as exc:
@@ -96,6 +100,28 @@ def _open(root: str | Path, uri: str, settings: IcebergSettings) -> Catalog:
     return catalog
 
 
+def _durable_sqlite(catalog: Catalog, database: Path) -> None:
+    """A SQLite catalog whose commits are on disk when they return: SQLite's default
+    (``synchronous = FULL``, rollback journal) syncs the database but not the removal of
+    its journal, and a journal back after a power loss rolls the commit back: ``EXTRA``
+    syncs that too. The database file, new, is made durable in its folder."""
+    from sqlalchemy import event
+
+    engine = catalog.engine  # type: ignore[attr-defined]
+
+    def pragmas(connection: Any, _record: Any) -> None:
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA synchronous = EXTRA")
+        cursor.close()
+
+    event.listen(engine, "connect", pragmas)
+    engine.dispose()  # (the connection that made the tables: without the pragma)
+    synced = SyncSet()
+    synced.new_file(database, database.parent)
+    synced.folder(database.parent)
+    synced.sync()
+
+
 def current_namespace(namespace: str) -> str:
     return f"{namespace}_current"
 
@@ -106,6 +132,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def forget_catalogs() -> None:
-    """Drop the open catalogs (tests that remove a root)."""
+    """Close the open catalogs (their database connections): a test that removes or
+    remounts a root."""
     with _lock:
+        for catalog in _catalogs.values():
+            engine = getattr(catalog, "engine", None)
+            if engine is not None:
+                engine.dispose()
         _catalogs.clear()
