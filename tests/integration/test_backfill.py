@@ -25,6 +25,7 @@ from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+from .sink_support import rows_of
 
 
 class Writer(threading.Thread):
@@ -74,10 +75,12 @@ def make_items(db: PgDatabase, rows: int) -> None:
 
 
 def keys_unique(root: Path, shape: str) -> bool:
-    table = DeltaTable(str(table_path(root, shape))).to_pyarrow_table(columns=["_lsn", "_op"])
-    pairs = Counter(
-        zip(table.column("_lsn").to_pylist(), table.column("_op").to_pylist(), strict=True)
-    )
+    """No ``(_lsn, _op)`` twice in the shape's changelog (read with its format's own
+    library: deltalake, pyiceberg)."""
+    from tidemark.sink.root import root_format
+
+    rows = rows_of(root_format(root).changelog(root, shape))
+    pairs = Counter((r["_lsn"], r["_op"]) for r in rows)
     return max(pairs.values(), default=1) == 1
 
 

@@ -87,11 +87,13 @@ PARALLEL = pytest.mark.parametrize(
 # -- 1. the slot is dropped while tidemark is stopped ------------------------------------
 
 
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 async def test_a_slot_dropped_while_stopped_is_a_gap_failed_by_default_and_resynced_by_policy(
-    pg_db: PgDatabase, spark: Any, tmp_path: Path
+    pg_db: PgDatabase, spark: Any, tmp_path: Path, table_format: str
 ) -> None:
     make_items(pg_db, 2_000)
-    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE])
+    sink = {"format": table_format}
+    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE], sink=sink)
     async with running_service(settings, spark) as service:
         await wait_frontiers(service, current_lsn(pg_db.dsn))
     # while tidemark is stopped the slot is dropped (a failover, a DBA) and rows change
@@ -108,7 +110,7 @@ async def test_a_slot_dropped_while_stopped_is_a_gap_failed_by_default_and_resyn
     assert not pg_db.execute(f"select 1 from pg_replication_slots where slot_name = '{SLOT}'")
     # the resync policy rebuilds the shape from a snapshot of the new slot's stream
     healing = settings_for(
-        pg_db.dsn, str(tmp_path), [HIGH_SHAPE], source={"on_stream_gap": "resync"}
+        pg_db.dsn, str(tmp_path), [HIGH_SHAPE], source={"on_stream_gap": "resync"}, sink=sink
     )
     async with running_service(healing, spark) as service:
         pg_db.execute("update items set score = 51 where id between 1000 and 1100")

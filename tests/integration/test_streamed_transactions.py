@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 import psycopg
+import pytest
 
 from tidemark.embedded import free_port
 from tidemark.lsn import format_lsn
@@ -125,10 +126,23 @@ class _Rollback(Exception):
 async def test_streamed_transactions_with_savepoints_aborts_and_interleaving_are_exact(
     pg_db: PgDatabase, spark: Any, tmp_path: Path
 ) -> None:
+    await streamed_transactions_are_exact(pg_db, spark, tmp_path, "delta")
+
+
+@pytest.mark.parametrize("pg_server", ["wheel"], indirect=True)
+async def test_streamed_transactions_into_iceberg_tables_are_exact(
+    pg_db: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    await streamed_transactions_are_exact(pg_db, spark, tmp_path, "iceberg")
+
+
+async def streamed_transactions_are_exact(
+    pg_db: PgDatabase, spark: Any, tmp_path: Path, table_format: str
+) -> None:
     # given shapes on a table, a 64 kB decoding memory and a 2 MiB memory budget
     make_table(pg_db)
     dsn = streaming_dsn(pg_db.dsn)
-    settings = settings_for(dsn, str(tmp_path), SHAPES, flush=FLUSH)
+    settings = settings_for(dsn, str(tmp_path), SHAPES, flush=FLUSH, sink={"format": table_format})
     async with running_service(settings, spark) as service:
         await wait_frontiers(service, current_lsn(pg_db.dsn))
         # when streamed transactions commit, abort, roll back savepoints, interleave
