@@ -6,6 +6,7 @@ which syncs its own commit). pyiceberg syncs none of the files: after a power lo
 the pointer could name metadata that never reached the disk. This IO syncs each file
 and its folder when the file is closed (``fsync``), so everything a pointer names is
 on disk before the pointer moves. With ``[sink] sync = false`` nothing is synced.
+Every file is created only after the fence is checked (``tidemark.fencing``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
-from tidemark import durable
+from tidemark import durable, fencing
 
 
 class _SyncedStream:
@@ -55,6 +56,9 @@ def _fsync(path: str) -> None:
 
 class _SyncedFile(PyArrowFile):
     def create(self, overwrite: bool = False) -> Any:
+        # (a leader deposed while alive writes not even the metadata of a commit the
+        # catalog would refuse: ``tidemark.fencing``)
+        fencing.check()
         stream = super().create(overwrite)
         if not self._path.startswith("/"):  # (an object store: its puts are durable)
             return stream
