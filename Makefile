@@ -82,7 +82,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 demo: setup
-	$(PY) -m tidemark demo
+	$(PY) -m tidemark demo $(if $(FORMAT),--format $(FORMAT),)
 
 bench: setup
 	$(PY) -m bench

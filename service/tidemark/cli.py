@@ -401,7 +401,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     prepare_process()  # before pyarrow loads
     from tidemark.demo import run_demo
 
-    return run_demo(duration_s=args.duration, data_dir=args.data, port=args.port)
+    return run_demo(
+        duration_s=args.duration, data_dir=args.data, port=args.port, table_format=args.format
+    )
 
 
 # -- the parser ----------------------------------------------------------------------------
@@ -476,6 +478,12 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=duration, default=45.0, help="seconds (0: until Ctrl-C)")
     demo.add_argument("--data", default="./demo-data", help="where the tables go")
     demo.add_argument("--port", type=port, default=8765, help="HTTP API port (0: any free)")
+    demo.add_argument(
+        "--format",
+        choices=("delta", "iceberg"),
+        default="delta",
+        help="the table format (iceberg: its catalog a SQLite file under --data)",
+    )
     demo.set_defaults(func=cmd_demo)
     return p
 

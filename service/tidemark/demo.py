@@ -116,7 +116,12 @@ def compare(spark: Any, root: str, dsn: str) -> list[Comparison]:
     return [compare_shape(spark, root, shape, query, dsn) for shape, query in TRUTH.items()]
 
 
-def run_demo(duration_s: float = 45.0, data_dir: str = "./demo-data", port: int = 8765) -> int:
+def run_demo(
+    duration_s: float = 45.0,
+    data_dir: str = "./demo-data",
+    port: int = 8765,
+    table_format: str = "delta",
+) -> int:
     from tidemark.config import Settings
     from tidemark.embedded import EmbeddedPostgres
     from tidemark.observability import configure_logging
@@ -124,7 +129,7 @@ def run_demo(duration_s: float = 45.0, data_dir: str = "./demo-data", port: int 
 
     configure_logging("console", "warning")
     root = str(Path(data_dir).resolve())
-    print(f"tidemark demo: tables under {root}")
+    print(f"tidemark demo: {table_format} tables under {root}")
     print("starting Spark (local[2]) and an embedded PostgreSQL 16 ...")
     spark = build_session("local[2]", app_name="tidemark-demo")
     with EmbeddedPostgres() as pg:
@@ -137,7 +142,7 @@ def run_demo(duration_s: float = 45.0, data_dir: str = "./demo-data", port: int 
         settings = Settings.model_validate(
             {
                 "source": {"dsn": dsn, "slot": "tidemark_demo", "publication": "tidemark_demo"},
-                "sink": {"root": root},
+                "sink": {"root": root, "format": table_format},
                 "http": {"port": port},
                 "flush": {"max_age_s": 1.0},
                 "shapes": SHAPES,
