@@ -12,6 +12,8 @@ import os
 import sys
 import time
 
+from bench import FORMAT_ENV, sink_formats
+
 SECTIONS = (
     "replication",
     "decode",
@@ -26,6 +28,19 @@ SECTIONS = (
     "cluster",
     "takeover",
 )
+
+
+def _compare_formats(
+    section: str, runs: dict[str, list[dict[str, float]]], keys: list[str]
+) -> None:
+    """Iceberg's figures against Delta's of the same run (lower is better for each)."""
+    if "delta" not in runs or "iceberg" not in runs:
+        return
+    print(f"-- {section}: iceberg / delta (target <= 1.25x) --")
+    for delta, iceberg in zip(runs["delta"], runs["iceberg"], strict=True):
+        label = f"{int(delta['shapes'])} shapes: " if "shapes" in delta else ""
+        ratios = [f"{k} {iceberg[k] / delta[k]:.2f}x" for k in keys if delta.get(k)]
+        print(f"   {label}{'  '.join(ratios)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,11 +86,19 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "e2e":
             from bench import e2e_bench
 
-            e2e_bench.main(args.rows)
+            runs = {}
+            for fmt in sink_formats():
+                os.environ[FORMAT_ENV] = fmt
+                runs[fmt] = e2e_bench.main(args.rows)
+            _compare_formats("e2e", {f: [r] for f, r in runs.items()}, ["committed_s", "acked_s"])
         elif section == "shapes":
             from bench import shapes_bench
 
-            shapes_bench.main()
+            per_format = {}
+            for fmt in sink_formats():
+                os.environ[FORMAT_ENV] = fmt
+                per_format[fmt] = shapes_bench.main()
+            _compare_formats("shapes", per_format, ["ready_s", "lag_p99_s", "drain_s"])
         elif section == "streamed":
             from bench import streamed_bench
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from bench import sink_sync, sink_sync_method
+from bench import sink_format, sink_sync, sink_sync_method
 from tidemark.embedded import EmbeddedPostgres
 from tidemark.lsn import Lsn, format_lsn
 
@@ -100,7 +100,12 @@ def _settings(pg: EmbeddedPostgres, root: Path) -> Any:
     return Settings.model_validate(
         {
             "source": {"dsn": pg.dsn(), "slot": "tidemark_bench", "publication": "bench_pub"},
-            "sink": {"root": str(root), "sync": sink_sync(), "sync_method": sink_sync_method()},
+            "sink": {
+                "root": str(root),
+                "sync": sink_sync(),
+                "sync_method": sink_sync_method(),
+                "format": sink_format(),
+            },
             "http": {"port": 0},
             "flush": {"max_age_s": 1.0, "max_rows": 250_000},
             "monitor": {"period_s": 0.2},
@@ -212,7 +217,10 @@ async def _ack_lag(pg: EmbeddedPostgres, service: Any, rate: int = 5_000,
 def main(rows: int = 1_000_000) -> dict[str, float]:
     from tidemark.spark import build_session
 
-    print(f"== end to end: {rows:,} inserts through {SHAPES} shapes to committed Delta tables ==")
+    print(
+        f"== end to end: {rows:,} inserts through {SHAPES} shapes to committed "
+        f"{sink_format()} tables =="
+    )
     spark = build_session()
     spark.createDataFrame([(1,)], "a int").collect()  # warm the JVM
     root = Path(tempfile.mkdtemp(prefix="tidemark-bench-e2e-"))

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from bench import sink_sync, sink_sync_method
+from bench import sink_format, sink_sync, sink_sync_method
 from tidemark.embedded import EmbeddedPostgres
 from tidemark.lsn import Lsn
 
@@ -45,7 +45,12 @@ def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
     return Settings.model_validate(
         {
             "source": {"dsn": pg.dsn(db), "slot": f"bench_{shapes}", "publication": "grp_pub"},
-            "sink": {"root": str(root), "sync": sink_sync(), "sync_method": sink_sync_method()},
+            "sink": {
+                "root": str(root),
+                "sync": sink_sync(),
+                "sync_method": sink_sync_method(),
+                "format": sink_format(),
+            },
             "http": {"port": 0},
             "monitor": {"period_s": 0.5},
             "current": {"enabled": CURRENT},
@@ -181,7 +186,7 @@ def main() -> list[dict[str, float]]:
     counts = [int(n) for n in os.environ.get("TIDEMARK_BENCH_SHAPES", "10,100,1000").split(",")]
     print(
         f"== shapes: N equality shapes on one table, {RATE:,} rows/s in {TXN_ROWS}-row"
-        f" transactions for {LOAD_S:.0f} s, default flush settings =="
+        f" transactions for {LOAD_S:.0f} s, default flush settings, {sink_format()} tables =="
     )
     spark = build_session()
     spark.createDataFrame([(1,)], "a int").collect()  # warm the JVM

@@ -390,13 +390,15 @@ class Service:
         # find every table marked with a newer epoch than its own (tidemark.fencing)
         root, instance = self.settings.sink.root, self.settings.instance.name
         epoch = await asyncio.to_thread(fencing.advance, root, _holder_name(), instance)
+        # this epoch's fence before the marks: a format whose writes check the fence
+        # (Iceberg's file IO) checks them against it, not against an earlier service's
+        fence = fencing.install(fencing.Fence(root, epoch, instance))
         # the old leader may have changed shapes, claims and the stream record
         self.shapeset.registry.reload()
         names = {r.name for r in self.registry.shapes()} | {s.name for s in self.settings.shapes}
         marked = await asyncio.to_thread(
             self.tables.mark, root, epoch, sorted(names), fencing.epoch_app(instance)
         )
-        fence = fencing.install(fencing.Fence(root, epoch, instance))
         loop = asyncio.get_running_loop()
         fence.on_deposed(lambda _reason: self._deposed_from(loop))
         self.store.reload()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,7 +25,7 @@ from tidemark.sink.iceberg.format import IcebergFormat
 from tidemark.sink.root import claim_root, root_format
 from tidemark.sink.schema import table_schema
 
-from .conftest import PgServer
+from .conftest import PgDatabase, PgServer
 from .sink_support import rows_of
 from .test_sink_fencing import BATCH, COLUMNS, SHAPE, _batch_files
 
@@ -240,3 +241,24 @@ def test_a_commit_is_on_disk_when_it_returns(tmp_path: Path) -> None:
             assert table.committed_lsn() == end
             assert sorted(r["_lsn"] for r in rows_of(table)) == list(range(1, end + 1))
         forget_catalogs()
+
+
+@pytest.mark.parametrize("pg_server", ["wheel"], indirect=True)
+async def test_a_service_started_again_in_the_same_process_marks_its_tables(
+    pg_db: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """A second service in one process (a test, a bench, an embedding application):
+    its epoch's fence is in force before it marks the tables, so the marks (written
+    through the fenced file IO) are not refused by the first service's fence."""
+    from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+    from .test_backfill import HIGH, HIGH_SHAPE, make_items
+    from .test_continuity import assert_equal
+
+    make_items(pg_db, 500)
+    settings = settings_for(pg_db.dsn, str(tmp_path), [HIGH_SHAPE], sink={"format": "iceberg"})
+    for round_ in range(2):
+        async with running_service(settings, spark) as service:
+            pg_db.execute(f"update items set score = score + 1 where id <= {100 * (round_ + 1)}")
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+    assert fencing.read_epoch(tmp_path) == 2
+    assert_equal(spark, tmp_path, "high", HIGH, pg_db.dsn)
