@@ -178,6 +178,13 @@ class IcebergSettings(_Section):
         description="the Iceberg table format version of new tables (2: pyiceberg 0.12, "
         "which tidemark commits with, writes no other)",
     )
+    max_snapshots: int = Field(
+        default=100,
+        ge=2,
+        description="snapshots each table keeps: time travel reaches this many commits "
+        "back; a commit past it expires the oldest (each commit rewrites the table's "
+        "metadata with every snapshot in it: ~0.2 ms more per snapshot kept)",
+    )
     properties: dict[str, str] = Field(
         default_factory=dict,
         description="more catalog properties, passed to pyiceberg (e.g. a REST catalog's "

@@ -174,6 +174,17 @@ def test_an_invalid_value_names_the_setting_and_where_it_came_from(
     assert code == 2 and "flush.max_rows" in err and path in err
 
 
+def test_an_iceberg_section_refuses_a_namespace_and_a_format_it_cannot_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = config(tmp_path, '[sink]\nformat = "iceberg"\n[iceberg]\nnamespace = "my-lake"\n')
+    code, err = run(capsys, "--config", path, "status")
+    assert code == 2 and "iceberg.namespace" in err and "letters, digits and underscores" in err
+    path = config(tmp_path, '[sink]\nformat = "hudi"\n')
+    code, err = run(capsys, "--config", path, "status")
+    assert code == 2 and "sink.format" in err and "'delta'" in err and "'iceberg'" in err
+
+
 # -- arguments --------------------------------------------------------------------------------
 
 

@@ -52,6 +52,7 @@ class IcebergCurrent:
         self.catalog = catalog
         self.ident = (current_namespace(namespace), shape)
         self.format_version = format_version
+        self.max_snapshots = snapshots.MAX_SNAPSHOTS
         self._lock = threading.Lock()
 
     @property
@@ -186,6 +187,7 @@ class IcebergCurrent:
         iceberg = snapshots.iceberg_schema(schema)
         properties = snapshots.TABLE_PROPERTIES | {
             "format-version": str(self.format_version),
+            snapshots.MAX_SNAPSHOTS_PROPERTY: str(self.max_snapshots),
             KEY_PROPERTY: json.dumps(key),
             ARROW_PROPERTY: encode_schema(schema),
             "schema.name-mapping.default": iceberg.name_mapping.model_dump_json(),

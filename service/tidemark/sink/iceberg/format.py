@@ -62,16 +62,19 @@ class IcebergFormat:
             self.catalog(root), self.settings.namespace, root, shape, epoch=epoch
         )
         table.format_version = self.settings.format_version
+        table.max_snapshots = self.settings.max_snapshots
         return table
 
     def current(self, root: str | Path, shape: str) -> IcebergCurrent:
-        return IcebergCurrent(
+        state = IcebergCurrent(
             self.catalog(root),
             self.settings.namespace,
             root,
             shape,
             self.settings.format_version,
         )
+        state.max_snapshots = self.settings.max_snapshots
+        return state
 
     def folders(self, root: str | Path, shape: str) -> tuple[Path, Path]:
         return Path(root) / "tables" / shape, current_path(root, shape)

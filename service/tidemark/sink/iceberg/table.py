@@ -109,6 +109,7 @@ class IcebergChangelog(TableFolder):
         self.catalog = catalog
         self.ident = (namespace, shape)
         self.format_version = 2
+        self.max_snapshots = snapshots.MAX_SNAPSHOTS
         self._lock = threading.RLock()
         self._table: Table | None = None
         self.fitted: pa.Schema | None = None
@@ -171,6 +172,7 @@ class IcebergChangelog(TableFolder):
             plain = pa.schema([f.remove_metadata() for f in schema])
             properties = snapshots.TABLE_PROPERTIES | {
                 "format-version": str(self.format_version),
+                snapshots.MAX_SNAPSHOTS_PROPERTY: str(self.max_snapshots),
                 KEY_PROPERTY: json.dumps(list(primary_key)),
                 SHAPE_PROPERTY: json.dumps(dict(definition or {}), sort_keys=True, default=str),
                 ARROW_PROPERTY: encode_schema(plain),
@@ -233,10 +235,13 @@ class IcebergChangelog(TableFolder):
                         f"short, e.g. {missing[0]}"
                     )
                 )
-            if table.properties.get("commit.retry.num-retries") != "0":
+            wanted = snapshots.TABLE_PROPERTIES | {
+                snapshots.MAX_SNAPSHOTS_PROPERTY: str(self.max_snapshots)
+            }
+            if any(table.properties.get(k) != v for k, v in wanted.items()):
                 fencing.check()
                 tx = table.transaction()
-                tx.set_properties(dict(snapshots.TABLE_PROPERTIES))
+                tx.set_properties(wanted)
                 self._table = tx.commit_transaction()
             if not (self.path / "data").is_dir():
                 (self.path / "data").mkdir(parents=True)
