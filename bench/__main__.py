@@ -90,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             for fmt in sink_formats():
                 os.environ[FORMAT_ENV] = fmt
                 runs[fmt] = e2e_bench.main(args.rows)
-            _compare_formats("e2e", {f: [r] for f, r in runs.items()}, ["committed_s", "acked_s"])
+            _compare_formats(
+                "e2e",
+                {f: [r] for f, r in runs.items()},
+                ["committed_s", "acked_s", "lag_p50_s", "lag_p99_s"],
+            )
         elif section == "shapes":
             from bench import shapes_bench
 
