@@ -69,6 +69,7 @@ from tidemark.sink.port import (
     Pinned,
     RefreshPoint,
     RefreshResult,
+    RetentionResult,
     TableFormat,
 )
 from tidemark.sink.schema import (
@@ -579,3 +580,36 @@ def read_start(
         f"{table.uri}), and the current-state table holds no version old enough. "
         f"Read as of {format_lsn(oldest)} or later"
     )
+
+
+class Refreshing:
+    """What every table format does the same way: the current-state refresh (this
+    module) and changelog retention (``sink.retention``) over its own tables
+    (``TableFormat.refresh_current``, ``compact_changelog``)."""
+
+    def refresh_current(
+        self,
+        spark: Any,
+        root: str | Path,
+        shapes: Sequence[str],
+        *,
+        buckets: int,
+        parallelism: int,
+        small_bytes: int,
+    ) -> dict[str, RefreshResult | Exception]:
+        return refresh_many(
+            spark,
+            root,
+            list(shapes),
+            buckets=buckets,
+            parallelism=parallelism,
+            small_bytes=small_bytes,
+            tables=self,  # type: ignore[arg-type]
+        )
+
+    def compact_changelog(
+        self, spark: Any, root: str | Path, shape: str, retention_hours: float
+    ) -> RetentionResult | None:
+        from tidemark.sink.retention import compact_changelog
+
+        return compact_changelog(spark, root, shape, retention_hours, tables=self)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from tidemark import fencing
-from tidemark.durable import SyncSet
+from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import WriterFenced
 from tidemark.sink.files import DataFile, describe_file, file_stats
 
@@ -46,6 +47,20 @@ def holds(shape: str, done: int | None, first: int, end_lsn: int) -> bool:
             "committing it. Run one tidemark per slot and sink root"
         )
     return False
+
+
+def move_aside(root: Path, shape: str, path: Path) -> Path:
+    """Move a damaged table's folder ``path`` to ``<root>/damaged/<shape>-<time>/`` (kept
+    for a look, never read by tidemark again), durably; returns where it went."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = root / "damaged" / f"{shape}-{stamp}"
+    make_dirs(aside.parent)
+    os.rename(path, aside)
+    synced = SyncSet()
+    synced.new_folder(aside, root)
+    synced.folder(path.parent)
+    synced.sync()
+    return aside
 
 
 class TableFolder:

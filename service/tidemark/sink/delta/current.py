@@ -14,7 +14,6 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -26,11 +25,7 @@ from tidemark.errors import SinkError
 from tidemark.sink.current import bucket_of_path, current_path, point_of
 from tidemark.sink.delta.log import add_action, entries_sync, recover_log
 from tidemark.sink.files import DataFile
-from tidemark.sink.port import ChangelogFile, ChangelogView, Pinned, RefreshPoint
-from tidemark.sink.schema import LSN, primary_key_of
-
-if TYPE_CHECKING:
-    from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink.port import Pinned, RefreshPoint
 
 HISTORY_PROBE = 20  # commits read back to find the newest refresh
 
@@ -159,36 +154,3 @@ class CurrentTable:
         )
         dt.update_incremental()
         entries_sync(self.path / "_delta_log", before + 1, dt.version()).sync()
-
-
-def changelog_view(table: ShapeTable) -> ChangelogView:
-    """The newest version of a Delta changelog, pinned: files with ``_lsn`` statistics."""
-    dt = DeltaTable(table.uri)
-    schema = pa.schema(dt.schema().to_arrow())
-    actions = pa.table(dt.get_add_actions(flatten=True))
-    base = table.uri.rstrip("/") + "/"
-    paths = actions.column("path").to_pylist()
-    names = actions.column_names
-    lows = (
-        actions.column(f"min.{LSN}").to_pylist() if f"min.{LSN}" in names else [None] * len(paths)
-    )
-    highs = (
-        actions.column(f"max.{LSN}").to_pylist() if f"max.{LSN}" in names else [None] * len(paths)
-    )
-    sizes = actions.column("size_bytes").to_pylist()
-    rows = actions.column("num_records").to_pylist()
-    files = [
-        ChangelogFile(p, p if "://" in p or p.startswith("/") else base + p, s, lo, hi, int(n or 0))
-        for p, s, lo, hi, n in zip(paths, sizes, lows, highs, rows, strict=True)
-    ]
-    key = primary_key_of(schema) or table.primary_key()
-    generation = table.generation(dt)
-    return ChangelogView(
-        dt.version(),
-        generation,
-        str(dt.metadata().id),
-        schema,
-        key,
-        files,
-        table.retained_lsn(generation, dt),
-    )

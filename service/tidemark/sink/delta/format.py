@@ -14,7 +14,6 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from deltalake import DeltaTable
 
@@ -25,10 +24,10 @@ from tidemark.sink.delta import epochs
 from tidemark.sink.delta.current import CurrentTable
 from tidemark.sink.delta.log import entries_sync
 from tidemark.sink.delta.table import ShapeTable, set_aside, table_path
-from tidemark.sink.port import ChangelogTable, RefreshResult, RetentionResult
+from tidemark.sink.port import ChangelogTable
 
 
-class DeltaFormat:
+class DeltaFormat(current.Refreshing):
     """``TableFormat`` for Delta Lake."""
 
     name = "delta"
@@ -53,31 +52,6 @@ class DeltaFormat:
     def recover_current(self, root: str | Path, shape: str) -> None:
         fencing.clear(current_path(root, shape) / current.STAGING_DIR)
         CurrentTable(root, shape).recover()
-
-    def refresh_current(
-        self,
-        spark: Any,
-        root: str | Path,
-        shapes: Sequence[str],
-        *,
-        buckets: int,
-        parallelism: int,
-        small_bytes: int,
-    ) -> dict[str, RefreshResult | Exception]:
-        return current.refresh_many(
-            spark,
-            root,
-            list(shapes),
-            buckets=buckets,
-            parallelism=parallelism,
-            small_bytes=small_bytes,
-            tables=self,
-        )
-
-    def compact_changelog(
-        self, spark: Any, root: str | Path, shape: str, retention_hours: float
-    ) -> RetentionResult | None:
-        return retention.compact_changelog(spark, root, shape, retention_hours, tables=self)
 
     def vacuum_and_clean(self, root: str | Path, shape: str, floor_hours: int) -> None:
         vacuum_and_clean(root, shape, floor_hours)

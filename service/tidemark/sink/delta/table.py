@@ -95,9 +95,9 @@ from tidemark.durable import SyncSet, make_dirs, publish_new, write_synced
 from tidemark.errors import SinkError, TableDamaged
 from tidemark.sink.delta.log import add_action, add_entry, entries_sync, recover_log
 from tidemark.sink.files import DataFile
-from tidemark.sink.folder import TableFolder, holds
-from tidemark.sink.port import ChangelogView, CommitRecord
-from tidemark.sink.schema import OP, primary_key_of, with_primary_key
+from tidemark.sink.folder import TableFolder, holds, move_aside
+from tidemark.sink.port import ChangelogFile, ChangelogView, CommitRecord
+from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
 
 log = structlog.get_logger("tidemark.sink")
 
@@ -136,15 +136,7 @@ def table_path(root: str | Path, shape: str) -> Path:
 def set_aside(table: ShapeTable) -> Path:
     """Move a damaged table's folder to ``<root>/damaged/<shape>-<time>/`` (kept for a
     look, never read by tidemark again), durably; returns where it went."""
-    aside = (
-        table.root / "damaged" / f"{table.shape}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    )
-    make_dirs(aside.parent)
-    os.rename(table.path, aside)
-    synced = SyncSet()
-    synced.new_folder(aside, table.root)
-    synced.folder(table.path.parent)
-    synced.sync()
+    aside = move_aside(table.root, table.shape, table.path)
     table.refresh_handle()
     return aside
 
@@ -741,9 +733,43 @@ class ShapeTable(TableFolder):
             return list(dt.file_uris())
 
     def view(self) -> ChangelogView:
-        from tidemark.sink.delta.current import changelog_view
-
-        return changelog_view(self)
+        """The newest version pinned: its files with the ``_lsn`` statistics of their
+        add actions."""
+        dt = DeltaTable(self.uri)
+        schema = pa.schema(dt.schema().to_arrow())
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        base = self.uri.rstrip("/") + "/"
+        paths = actions.column("path").to_pylist()
+        names = actions.column_names
+        lows = (
+            actions.column(f"min.{LSN}").to_pylist()
+            if f"min.{LSN}" in names
+            else [None] * len(paths)
+        )
+        highs = (
+            actions.column(f"max.{LSN}").to_pylist()
+            if f"max.{LSN}" in names
+            else [None] * len(paths)
+        )
+        sizes = actions.column("size_bytes").to_pylist()
+        rows = actions.column("num_records").to_pylist()
+        files = [
+            ChangelogFile(
+                p, p if "://" in p or p.startswith("/") else base + p, s, lo, hi, int(n or 0)
+            )
+            for p, s, lo, hi, n in zip(paths, sizes, lows, highs, rows, strict=True)
+        ]
+        key = primary_key_of(schema) or self.primary_key()
+        generation = self.generation(dt)
+        return ChangelogView(
+            dt.version(),
+            generation,
+            str(dt.metadata().id),
+            schema,
+            key,
+            files,
+            self.retained_lsn(generation, dt),
+        )
 
     def commits(self) -> list[CommitRecord]:
         out = []

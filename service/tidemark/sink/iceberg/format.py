@@ -11,7 +11,6 @@ files no snapshot names.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,15 +20,15 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from tidemark import fencing
-from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
 from tidemark.sink import current, retention
 from tidemark.sink.current import current_path
+from tidemark.sink.folder import move_aside
 from tidemark.sink.iceberg import snapshots
 from tidemark.sink.iceberg.catalog import open_catalog
 from tidemark.sink.iceberg.current import IcebergCurrent
 from tidemark.sink.iceberg.table import IcebergChangelog, expire, remove_unreferenced
-from tidemark.sink.port import ChangelogTable, RefreshResult, RetentionResult
+from tidemark.sink.port import ChangelogTable
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -42,7 +41,7 @@ log = structlog.get_logger("tidemark.sink.iceberg")
 MARK_THREADS = 8
 
 
-class IcebergFormat:
+class IcebergFormat(current.Refreshing):
     """``TableFormat`` for Apache Iceberg, with the catalog ``settings`` name."""
 
     name = "iceberg"
@@ -84,19 +83,13 @@ class IcebergFormat:
         to ``<root>/damaged/<shape>-<time>/``."""
         assert isinstance(table, IcebergChangelog)
         fencing.check()
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        aside = table.root / "damaged" / f"{table.shape}-{stamp}"
         try:
             table.catalog.drop_table(table.ident)
         except Exception as exc:  # (already gone: a restart after a set-aside)
             log.warning("table.drop_failed", table=table.name, error=str(exc))
+        aside = table.root / "damaged" / f"{table.shape}-gone"
         if table.path.exists():
-            make_dirs(aside.parent)
-            os.rename(table.path, aside)
-            synced = SyncSet()
-            synced.new_folder(aside, table.root)
-            synced.folder(table.path.parent)
-            synced.sync()
+            aside = move_aside(table.root, table.shape, table.path)
         table.refresh_handle()
         return aside
 
@@ -116,31 +109,6 @@ class IcebergFormat:
     def recover_current(self, root: str | Path, shape: str) -> None:
         fencing.clear(current_path(root, shape) / current.STAGING_DIR)
         self.current(root, shape).recover()
-
-    def refresh_current(
-        self,
-        spark: Any,
-        root: str | Path,
-        shapes: Sequence[str],
-        *,
-        buckets: int,
-        parallelism: int,
-        small_bytes: int,
-    ) -> dict[str, RefreshResult | Exception]:
-        return current.refresh_many(
-            spark,
-            root,
-            list(shapes),
-            buckets=buckets,
-            parallelism=parallelism,
-            small_bytes=small_bytes,
-            tables=self,
-        )
-
-    def compact_changelog(
-        self, spark: Any, root: str | Path, shape: str, retention_hours: float
-    ) -> RetentionResult | None:
-        return retention.compact_changelog(spark, root, shape, retention_hours, tables=self)
 
     def vacuum_and_clean(self, root: str | Path, shape: str, floor_hours: int) -> None:
         """The current table's snapshots expired (keeping the one the retained

@@ -533,13 +533,7 @@ class IcebergChangelog(TableFolder):
         gone = {p for p, _ in remove}
 
         def build(table: Table, found: Mapping[str, str]) -> Table:
-            active = snapshots.data_files(table)
-            delete = [f for f in active if snapshots.relative(table, f.file_path) in gone]
-            if len(delete) != len(gone):
-                raise SinkError(
-                    f"shape '{self.shape}': changelog files changed while retention "
-                    "rewrote them; the next round tries again"
-                )
+            delete = self._still_active(table, gone, "retention")
             generation = snapshots.number(found, GENERATION) or 0
             extra = {
                 "tidemark.operation": "retention",
@@ -557,6 +551,18 @@ class IcebergChangelog(TableFolder):
         snap = table.current_snapshot()
         return 0 if snap is None else int(snap.sequence_number or 0)
 
+    def _still_active(self, table: Table, gone: set[str], what: str) -> list[Any]:
+        """The data files named ``gone`` (relative paths), every one still in the table:
+        else another commit changed them while ``what`` rewrote them."""
+        active = snapshots.data_files(table)
+        delete = [f for f in active if snapshots.relative(table, f.file_path) in gone]
+        if len(delete) != len(gone):
+            raise SinkError(
+                f"shape '{self.shape}': changelog files changed while {what} rewrote "
+                "them; the next round tries again"
+            )
+        return delete
+
     # -- upkeep ---------------------------------------------------------------------------
     def compact(self, target_size: int = 128 * 1024 * 1024) -> dict[str, Any]:
         with self._lock:
@@ -569,13 +575,7 @@ class IcebergChangelog(TableFolder):
                 gone = {p for p, _ in removed}
 
                 def build(table: Table, found: Mapping[str, str]) -> Table:
-                    active = snapshots.data_files(table)
-                    delete = [f for f in active if snapshots.relative(table, f.file_path) in gone]
-                    if len(delete) != len(gone):
-                        raise SinkError(
-                            f"shape '{self.shape}': changelog files changed while "
-                            "compaction rewrote them; the next round tries again"
-                        )
+                    delete = self._still_active(table, gone, "compaction")
                     return snapshots.commit(
                         table,
                         snapshots.marked(found, {"tidemark.operation": "compaction"}),
