@@ -169,6 +169,7 @@ def rows_at_version(
     return static.scan(snapshot_id=version).to_arrow().to_pylist()  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("pg_server", ["wheel"], indirect=True)
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 async def test_every_table_time_travelled_to_the_versions_at_one_lsn_equals_postgres_then(
     pg_db: PgDatabase,

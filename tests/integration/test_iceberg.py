@@ -262,3 +262,48 @@ async def test_a_service_started_again_in_the_same_process_marks_its_tables(
             await wait_frontiers(service, current_lsn(pg_db.dsn))
     assert fencing.read_epoch(tmp_path) == 2
     assert_equal(spark, tmp_path, "high", HIGH, pg_db.dsn)
+
+
+def test_a_backfill_that_replaces_the_schema_replaces_it_and_the_rows(
+    tmp_path: Path, iceberg: IcebergFormat
+) -> None:
+    """A resync after a column's type changed: one commit replaces the rows, the
+    schema (fresh field ids, a schema id of its own) and the key."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.sink.schema import ColumnSpec
+
+    root = str(tmp_path)
+    table = iceberg.changelog(root, SHAPE)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1)
+    # the new layout: id becomes text, a column is added
+    wider = table_schema([ColumnSpec("id", 25), ColumnSpec("note", 25)])
+    rows = (
+        pa.table(
+            {
+                "id": ["a", "b"],
+                "note": ["x", None],
+                "_lsn": pa.array([BATCH, BATCH], pa.int64()),
+                "_op": pa.array([0, 1], pa.int64()),
+                "_kind": ["snapshot", "snapshot"],
+                "_xid": pa.nulls(2, pa.int64()),
+                "_commit_ts": pa.nulls(2, pa.timestamp("us", tz="UTC")),
+                "_unchanged": pa.nulls(2, pa.list_(pa.string())),
+            }
+        )
+        .select(wider.names)
+        .cast(pa.schema([f.remove_metadata() for f in wider]))
+    )
+    rel, folder = table.new_batch_dir()
+    folder.mkdir(parents=True)
+    pq.write_table(rows, folder / "part-0.parquet")
+    assert table.needs_replacement(wider, ["id"])
+    table.backfill_commit([], table.files_in(rel), replace=(wider, ["id"]))
+    again = iceberg.changelog(root, SHAPE)
+    assert again.arrow_schema().field("id").type == pa.string()
+    assert "note" in again.arrow_schema().names and again.generation() == 1
+    assert sorted((r["id"], r["note"]) for r in rows_of(again)) == [("a", "x"), ("b", None)]
+    assert again.committed_lsn() == BATCH  # (the offset is the stream's, unchanged)
+    assert not again.needs_replacement(wider, ["id"])

@@ -251,10 +251,16 @@ def fresh_schema(schema: pa.Schema, table: Table) -> Schema:
     from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
     from pyiceberg.schema import assign_fresh_schema_ids
 
+    from pyiceberg.schema import Schema
+
     last = table.metadata.last_column_id
     counter = iter(range(last + 1, last + 100_000))
     plain = _optional(schema)
-    return assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(plain), lambda: next(counter))
+    fresh = assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(plain), lambda: next(counter))
+    # a schema id of its own too: "set the schema last added" picks by id, and an id
+    # the table already has would set that older schema back
+    schema_id = max(s.schema_id for s in table.metadata.schemas) + 1
+    return Schema(*fresh.fields, schema_id=schema_id)
 
 
 def round_trip(schema: pa.Schema) -> pa.Schema:
