@@ -249,9 +249,7 @@ def fresh_schema(schema: pa.Schema, table: Table) -> Schema:
     """A replacement schema for ``table``: field ids after every id it used, so no
     old file's column is read as a new one."""
     from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
-    from pyiceberg.schema import assign_fresh_schema_ids
-
-    from pyiceberg.schema import Schema
+    from pyiceberg.schema import Schema, assign_fresh_schema_ids
 
     last = table.metadata.last_column_id
     counter = iter(range(last + 1, last + 100_000))
