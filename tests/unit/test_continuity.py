@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -171,6 +172,40 @@ def test_the_sent_flush_only_grows(tmp_path: Path) -> None:
     store.adopt(RECORD)
     asyncio.run(store.before_send(7000))
     asyncio.run(store.before_send(6000))
+    record = ContinuityStore(tmp_path).stream
+    assert record is not None and record.sent_flush_lsn == 7000
+
+
+def test_a_status_update_cancelled_before_its_write_leaves_the_next_one_to_write(
+    tmp_path: Path,
+) -> None:
+    """The status sender cancelled (the client stopping) after ``before_send`` noted a
+    flush but before its write ran in its thread: the final update of the same flush
+    must still write it before it is sent. (A full ``make test`` saw a second service
+    refuse a slot 'beyond the highest position tidemark ever acknowledged'.)"""
+    store = ContinuityStore(tmp_path)
+    store.adopt(RECORD)
+
+    async def cancelled_then_final() -> None:
+        started = asyncio.Event()
+        real = asyncio.to_thread
+
+        async def never_runs(*_args: object) -> None:
+            started.set()
+            await asyncio.sleep(3600)  # (cancelled here, as a pending executor job is)
+
+        asyncio.to_thread = never_runs  # type: ignore[assignment]
+        try:
+            sender = asyncio.create_task(store.before_send(7000))
+            await started.wait()
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+        finally:
+            asyncio.to_thread = real
+        await store.before_send(7000)  # the final update, at stop
+
+    asyncio.run(cancelled_then_final())
     record = ContinuityStore(tmp_path).stream
     assert record is not None and record.sent_flush_lsn == 7000
 

@@ -304,11 +304,18 @@ class ContinuityStore:
     async def before_send(self, flush_lsn: int) -> None:
         """Make every invalidation, and ``flush_lsn`` as the highest flush ever sent,
         durable; the replication client awaits this before it sends ``flush_lsn``."""
-        raised = self._note_sent(flush_lsn)
+        self._note_sent(flush_lsn)
         if self.dirty:
             await asyncio.to_thread(self.write_claims)
-        if raised:
+        # whatever is noted and not yet written: an earlier call may have noted this
+        # flush and been cancelled before its write ran (the sender stopped), and the
+        # final update of the same flush must not be sent unwritten
+        if self._stream_pending():
             await asyncio.to_thread(self.write_stream)
+
+    def _stream_pending(self) -> bool:
+        with self._lock:
+            return self._stream_version != self._stream_written
 
     def write_pending(self) -> None:
         """Blocking: write whatever is pending (shutdown, or before a start decision)."""
