@@ -217,10 +217,16 @@ def commit_marker(dsn: str, n: int) -> int:
     return int(Lsn.parse(row[0]))
 
 
-def wait_acknowledged(dsn: str, slot: str, lsn: int, timeout: float = 90) -> None:
+def wait_acknowledged(dsn: str, slot: str, lsn: int, log: Path, timeout: float = 240) -> None:
+    """Until the slot's confirmed_flush_lsn reaches ``lsn``. The filesystem is a FUSE
+    process in Python and the current tables refresh every second: on a loaded machine
+    a restarted service takes a minute or more to fold and flush its way there."""
     deadline = time.monotonic() + timeout
-    while confirmed_flush(dsn, slot) < lsn:
-        assert time.monotonic() < deadline, f"confirmed_flush_lsn did not reach {Lsn(lsn)}"
+    while (confirmed := confirmed_flush(dsn, slot)) < lsn:
+        assert time.monotonic() < deadline, (
+            f"confirmed_flush_lsn {Lsn(confirmed)} did not reach {Lsn(lsn)} in "
+            f"{timeout:.0f} s; the service's log ends:\n{log.read_text()[-4000:]}"
+        )
         time.sleep(0.1)
 
 
@@ -312,7 +318,7 @@ def test_power_loss_loses_no_acknowledged_transaction(
             markers.append(len(markers))
             marker = commit_marker(pg_db.dsn, markers[-1])
             phase = time.monotonic()
-            wait_acknowledged(pg_db.dsn, slot, marker)
+            wait_acknowledged(pg_db.dsn, slot, marker, log)
             timings["acknowledged"] += time.monotonic() - phase
             phase = time.monotonic()
             if cut is None:

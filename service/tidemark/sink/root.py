@@ -51,12 +51,9 @@ def claim_root(root: str | Path, name: str, iceberg: IcebergSettings | None) -> 
     fmt = table_format(name, iceberg)
     record: dict[str, Any] = {"format": name}
     if name == "iceberg" and iceberg is not None:
-        from tidemark.sink.iceberg.catalog import catalog_uri
-
         fmt.catalog(root)  # type: ignore[attr-defined]  # (reached, or a clear error)
         record |= {
             "catalog_uri": redact_dsn(iceberg.catalog_uri) if iceberg.catalog_uri else "",
-            "default_catalog": catalog_uri(root) if not iceberg.catalog_uri else None,
             "namespace": iceberg.namespace,
         }
     if _record(root) != record:

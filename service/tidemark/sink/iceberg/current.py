@@ -27,7 +27,14 @@ from tidemark.sink.current import bucket_of_path, current_path, point_of
 from tidemark.sink.files import DataFile
 from tidemark.sink.iceberg import snapshots
 from tidemark.sink.iceberg.catalog import current_namespace
-from tidemark.sink.iceberg.table import ARROW_PROPERTY, KEY_PROPERTY, encode_schema, writer_types
+from tidemark.sink.iceberg.table import (
+    ARROW_PROPERTY,
+    KEY_PROPERTY,
+    encode_schema,
+    key_of,
+    load_or_none,
+    writer_types,
+)
 from tidemark.sink.port import Pinned, RefreshPoint
 from tidemark.sink.schema import primary_key_of, with_primary_key
 
@@ -60,35 +67,39 @@ class IcebergCurrent:
         return ".".join(self.ident)
 
     def exists(self) -> bool:
-        try:
-            return bool(self.catalog.table_exists(self.ident))
-        except Exception as exc:
-            raise SinkError(f"cannot ask the Iceberg catalog for {self.name}: {exc}") from exc
+        return self.loaded() is not None
+
+    def loaded(self) -> Table | None:
+        """The table as the catalog has it now; None when there is none."""
+        return load_or_none(self.catalog, self.ident, self.name)
 
     def recover(self) -> None:
         """Nothing to repair: a commit is durable when it returns, files it did not
         name are removed by the vacuum."""
 
     def load(self) -> Table:
-        if not self.exists():
+        table = self.loaded()
+        if table is None:
             raise SinkError(f"shape '{self.shape}' has no current-state table {self.name}")
-        return self.catalog.load_table(self.ident)
+        return table
 
     def pinned(self) -> Pinned | None:
-        if not self.exists():
+        table = self.loaded()
+        if table is None:
             return None
-        table = self.load()
         snap = table.current_snapshot()
         points = self._points(table, snap, first_only=True)
-        schema = with_primary_key(writer_types(table), _key(table))
+        schema = with_primary_key(writer_types(table), key_of(table))
         return Pinned(
             table, 0 if snap is None else snap.snapshot_id, points[0] if points else None, schema
         )
 
-    def points(self) -> list[RefreshPoint]:
-        if not self.exists():
+    def points(self, table: Table | None = None) -> list[RefreshPoint]:
+        """The refreshes, newest first, of the table as now (or as ``table`` holds it)."""
+        if table is None:
+            table = self.loaded()
+        if table is None:
             return []
-        table = self.load()
         return self._points(table, table.current_snapshot(), first_only=False)
 
     @staticmethod
@@ -215,10 +226,3 @@ class IcebergCurrent:
         synced = SyncSet()
         synced.new_folder(self.path / "metadata", self.root)
         synced.sync()
-
-
-def _key(table: Table) -> list[str]:
-    try:
-        return list(json.loads(table.properties.get(KEY_PROPERTY) or "[]"))
-    except ValueError:
-        return []

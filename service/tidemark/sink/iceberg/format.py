@@ -32,7 +32,6 @@ from tidemark.sink.port import ChangelogTable
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
-    from pyiceberg.table import Table
 
     from tidemark.config import IcebergSettings
 
@@ -97,12 +96,7 @@ class IcebergFormat(current.Refreshing):
         loaders = []
         for name in sorted(shapes):
             changelog, state = self.changelog(root, name), self.current(root, name)
-            if changelog.exists():
-                loaders.append(changelog.refresh)
-            if state.exists():
-                loaders.append(state.load)
-        if not loaders:
-            return 0
+            loaders += [changelog.loaded, state.loaded]
         with ThreadPoolExecutor(min(MARK_THREADS, len(loaders))) as pool:
             return sum(pool.map(lambda load: _mark(load, epoch, app_id), loaders))
 
@@ -114,16 +108,13 @@ class IcebergFormat(current.Refreshing):
         """The current table's snapshots expired (keeping the one the retained
         changelog starts from) and its unreferenced files removed."""
         state = self.current(root, shape)
-        if not state.exists():
+        table = state.loaded()
+        if table is None:
             return
-        changelog = self.changelog(root, shape)
-        retained = None
-        if changelog.exists():
-            retained = changelog.retained_lsn(changelog.generation())
+        retained = self.changelog(root, shape).retained_lsn_now()
         hours = retention.current_vacuum_hours(
-            state.points(), retained, floor_hours, int(time.time() * 1000)
+            state.points(table), retained, floor_hours, int(time.time() * 1000)
         )
-        table = state.load()
         snapshots.check_fence(snapshots.summary(table), f"the current table of shape '{shape}'")
         table = expire(table, hours)
         remove_unreferenced(table, state.path, hours)
@@ -131,17 +122,12 @@ class IcebergFormat(current.Refreshing):
     def table_stats(self, path: Path) -> tuple[int, int] | None:
         """(data files, manifests of the newest snapshot) of a table folder."""
         root, shape = path.parent.parent, path.name
-        table: Table
         if path.parent.name == "current":
-            state = self.current(root, shape)
-            if not state.exists():
-                return None
-            table = state.load()
+            table = self.current(root, shape).loaded()
         else:
-            changelog = self.changelog(root, shape)
-            if not changelog.exists():
-                return None
-            table = changelog.refresh()
+            table = self.changelog(root, shape).loaded()
+        if table is None:
+            return None
         snap = table.current_snapshot()
         if snap is None:
             return 0, 0
@@ -162,11 +148,14 @@ class IcebergFormat(current.Refreshing):
 
 
 def _mark(load: Any, epoch: int, app_id: str) -> bool:
-    """An empty snapshot raising the table's epoch mark (False: marked that far)."""
+    """An empty snapshot raising the table's epoch mark (False: marked that far, or no
+    such table)."""
     from pyiceberg.exceptions import CommitFailedException
 
     for _ in range(snapshots.COMMIT_ATTEMPTS):
         table = load()
+        if table is None:
+            return False
         found = snapshots.summary(table)
         have = snapshots.number(found, app_id)
         if have is not None and have >= epoch:

@@ -125,12 +125,7 @@ class IcebergChangelog(TableFolder):
     # -- existence, schema ----------------------------------------------------------
     def exists(self) -> bool:
         with self._lock:
-            if self._table is not None:
-                return True
-        try:
-            return bool(self.catalog.table_exists(self.ident))
-        except Exception as exc:
-            raise SinkError(f"cannot ask the Iceberg catalog for {self.name}: {exc}") from exc
+            return self._table is not None or self.loaded() is not None
 
     def table(self) -> Table:
         """The table as last read or committed through this object."""
@@ -150,12 +145,17 @@ class IcebergChangelog(TableFolder):
             self.fitted = None
 
     def _load(self) -> Table:
-        from pyiceberg.exceptions import NoSuchTableError
+        table = self.loaded()
+        if table is None:
+            raise SinkError(f"shape '{self.shape}' has no table {self.name} yet")
+        return table
 
-        try:
-            return self.catalog.load_table(self.ident)
-        except NoSuchTableError:
-            raise SinkError(f"shape '{self.shape}' has no table {self.name} yet") from None
+    def loaded(self) -> Table | None:
+        """The table as the catalog has it now (cached), None when there is none: one
+        catalog read (pyiceberg's ``table_exists`` is itself a ``load_table``)."""
+        with self._lock:
+            self._table = load_or_none(self.catalog, self.ident, self.name)
+            return self._table
 
     def create(
         self,
@@ -210,10 +210,10 @@ class IcebergChangelog(TableFolder):
         """At start: True when the table exists, every data file of its newest snapshot
         is there with its size, and pyiceberg's own retry is off on it."""
         with self._lock:
-            if not self.exists():
-                return False
             try:
-                table = self.refresh()
+                table = self.loaded()
+                if table is None:
+                    return False
                 files = snapshots.data_files(table)
             except Exception as exc:
                 raise TableDamaged(self._damaged(f"its metadata cannot be read: {exc}")) from exc
@@ -263,16 +263,10 @@ class IcebergChangelog(TableFolder):
 
     def arrow_schema(self) -> pa.Schema:
         table = self.table()
-        return with_primary_key(writer_types(table), self._key(table))
-
-    def _key(self, table: Table) -> list[str]:
-        try:
-            return list(json.loads(table.properties.get(KEY_PROPERTY) or "[]"))
-        except ValueError:
-            return []
+        return with_primary_key(writer_types(table), key_of(table))
 
     def primary_key(self) -> list[str]:
-        return self._key(self.table())
+        return key_of(self.table())
 
     def op_type(self) -> pa.DataType | None:
         if not self.exists():
@@ -318,10 +312,8 @@ class IcebergChangelog(TableFolder):
 
     # -- offsets ----------------------------------------------------------------------
     def _summary(self) -> dict[str, str]:
-        if not self.exists():
-            return {}
-        with self._lock:
-            return snapshots.summary(self.refresh())
+        table = self.loaded()
+        return {} if table is None else snapshots.summary(table)
 
     def committed_lsn(self) -> int | None:
         return snapshots.number(self._summary(), OFFSET + self.app_id)
@@ -331,6 +323,11 @@ class IcebergChangelog(TableFolder):
 
     def retained_lsn(self, generation: int) -> int | None:
         return snapshots.number(self._summary(), f"{RETAINED}{generation}")
+
+    def retained_lsn_now(self) -> int | None:
+        """``retained_lsn`` of the table's own generation, from one read."""
+        found = self._summary()
+        return snapshots.number(found, f"{RETAINED}{snapshots.number(found, GENERATION) or 0}")
 
     def identity(self) -> str:
         return str(self.table().metadata.table_uuid)
@@ -371,7 +368,7 @@ class IcebergChangelog(TableFolder):
             )
         generation = snapshots.number(found, GENERATION) or 0
         snap = table.current_snapshot()
-        schema = with_primary_key(writer_types(table), self._key(table))
+        schema = with_primary_key(writer_types(table), key_of(table))
         return ChangelogView(
             0 if snap is None else snap.snapshot_id,
             generation,
@@ -632,6 +629,26 @@ def expire(table: Table, retention_hours: float) -> Table:
     return tx.commit_transaction()
 
 
+def key_of(table: Table) -> list[str]:
+    """The primary key tidemark recorded on ``table`` ([]: none)."""
+    try:
+        return list(json.loads(table.properties.get(KEY_PROPERTY) or "[]"))
+    except ValueError:
+        return []
+
+
+def load_or_none(catalog: Catalog, ident: tuple[str, str], name: str) -> Table | None:
+    """``ident`` loaded from ``catalog``; None when the catalog has no such table."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        return catalog.load_table(ident)
+    except NoSuchTableError:
+        return None
+    except Exception as exc:
+        raise SinkError(f"cannot ask the Iceberg catalog for {name}: {exc}") from exc
+
+
 def remove_unreferenced(table: Table, folder: Path, retention_hours: float) -> list[str]:
     """Delete the data and manifest files under ``folder`` no snapshot of ``table``
     names, older than ``retention_hours``; the paths removed (relative)."""
@@ -644,24 +661,23 @@ def remove_unreferenced(table: Table, folder: Path, retention_hours: float) -> l
                 named.add(snapshots.relative(table, entry.data_file.file_path))
     cutoff = time.time() - retention_hours * 3600
     removed = []
-    for top in ("data", "bucket", "metadata"):
-        for dirpath, _, names in os.walk(folder):
-            rel_dir = os.path.relpath(dirpath, folder)
-            if not rel_dir.startswith(top):
+    for dirpath, _, names in os.walk(folder):
+        rel_dir = os.path.relpath(dirpath, folder)
+        if not rel_dir.startswith(("data", "bucket", "metadata")):
+            continue
+        for name in names:
+            rel = f"{rel_dir}/{name}"
+            if not name.endswith((".parquet", ".avro")) or rel in named:
                 continue
-            for name in names:
-                rel = f"{rel_dir}/{name}"
-                if not name.endswith((".parquet", ".avro")) or rel in named:
+            path = Path(dirpath) / name
+            try:
+                if path.stat().st_mtime >= cutoff:
                     continue
-                path = Path(dirpath) / name
-                try:
-                    if path.stat().st_mtime >= cutoff:
-                        continue
-                    fencing.check()
-                    path.unlink()
-                except FileNotFoundError:
-                    continue
-                removed.append(rel)
+                fencing.check()
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(rel)
     if removed:
         log.info("table.vacuumed", table=str(folder), files=len(removed))
     return removed
