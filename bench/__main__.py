@@ -21,6 +21,8 @@ SECTIONS = (
     "routing",
     "sink",
     "e2e",
+    "e2e-small",
+    "e2e-wide",
     "shapes",
     "streamed",
     "backfill",
@@ -95,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
                 {f: [r] for f, r in runs.items()},
                 ["committed_s", "acked_s", "lag_p50_s", "lag_p99_s"],
             )
+        elif section in ("e2e-small", "e2e-wide"):
+            from bench import e2e_bench
+
+            os.environ[FORMAT_ENV] = sink_formats()[0]
+            if section == "e2e-small":
+                e2e_bench.main(args.rows, "small")
+            else:
+                e2e_bench.main(args.rows // 10, "wide")
         elif section == "shapes":
             from bench import shapes_bench
 

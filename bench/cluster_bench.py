@@ -65,7 +65,7 @@ def measure(spark: Any, rows: int) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(prefix="tidemark-bench-cluster-"))
     try:
         with EmbeddedPostgres() as pg:
-            _prepare(pg)
+            _prepare(pg, "bulk")
             asyncio.run(_backfill_empty(pg, spark, root))
             end = _workload(pg, rows)
             return asyncio.run(_through(pg, spark, root, end, rows))
