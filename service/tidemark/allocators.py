@@ -23,12 +23,22 @@ An operator's own ``ARROW_DEFAULT_MEMORY_POOL`` or ``MALLOC_MMAP_THRESHOLD_`` wi
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import sys
 
 import structlog
 
 log = structlog.get_logger("tidemark.memory")
+
+# The cyclic garbage collector's thresholds while a service runs (Python's defaults:
+# 700, 10, 10). Buffered rows are millions of long-lived containers, and with the
+# defaults the collector went through all of them again whenever they had grown by a
+# quarter: `python -m bench e2e-small` (1M rows in 100k transactions) spent 8.9 s in
+# 18 full collections and 3.3 s in the younger ones, of 27.7 s of the process's CPU;
+# with these, 3.5 s in 92 young collections and no full one, and the run took 25.4 s
+# instead of 34.9 s. Cycles are still collected, later.
+GC_THRESHOLDS = (50_000, 20, 100)
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
 _PR_SET_THP_DISABLE = 41  # prctl option (linux/prctl.h)
@@ -72,3 +82,10 @@ def _libc() -> ctypes.CDLL | None:
     except (OSError, AttributeError) as exc:
         log.debug("memory.glibc_unavailable", error=str(exc))
         return None
+
+
+def tune_collector() -> None:
+    """Set ``GC_THRESHOLDS`` (a service at start), unless the thresholds were already
+    changed from Python's defaults by whoever runs the process."""
+    if gc.get_threshold() == (700, 10, 10):
+        gc.set_threshold(*GC_THRESHOLDS)

@@ -52,7 +52,7 @@ import structlog
 
 from tidemark import durable, fencing, systemd
 from tidemark.aio import wait_event
-from tidemark.allocators import return_freed_memory
+from tidemark.allocators import return_freed_memory, tune_collector
 from tidemark.api.port import Progress
 from tidemark.api.server import serve
 from tidemark.config import Settings, load_settings
@@ -239,6 +239,7 @@ class Service:
         """Run until stopped; raises the error that stopped it, if any."""
         settings = self.settings
         return_freed_memory()
+        tune_collector()
         self.metrics.up.set(1)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
