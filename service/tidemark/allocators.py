@@ -34,10 +34,11 @@ log = structlog.get_logger("tidemark.memory")
 # The cyclic garbage collector's thresholds while a service runs (Python's defaults:
 # 700, 10, 10). Buffered rows are millions of long-lived containers, and with the
 # defaults the collector went through all of them again whenever they had grown by a
-# quarter: `python -m bench e2e-small` (1M rows in 100k transactions) spent 8.9 s in
-# 18 full collections and 3.3 s in the younger ones, of 27.7 s of the process's CPU;
-# with these, 3.5 s in 92 young collections and no full one, and the run took 25.4 s
-# instead of 34.9 s. Cycles are still collected, later.
+# quarter: over a `python -m bench e2e-small` run (1M rows in 100k transactions) the
+# process spent 12.2 s in collections, 8.9 s of it in 18 full ones, and the service
+# took 35 s to acknowledge with 27.7 s of CPU. With these thresholds set at the
+# service's start: 30.6 s and 22.7-23.7 s of CPU (two runs), 3 full collections.
+# Cycles are still collected, later.
 GC_THRESHOLDS = (50_000, 20, 100)
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
