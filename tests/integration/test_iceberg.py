@@ -210,6 +210,16 @@ def test_a_root_keeps_its_format(tmp_path: Path) -> None:
         claim_root(tmp_path, "iceberg", IcebergSettings())
 
 
+def test_a_leader_marks_what_exists_and_nothing_when_it_has_no_shapes(
+    tmp_path: Path, iceberg: IcebergFormat
+) -> None:
+    assert iceberg.mark(tmp_path, 2, [], "tidemark-epoch") == 0  # (no shapes yet)
+    assert iceberg.mark(tmp_path, 2, [SHAPE], "tidemark-epoch") == 0  # (no tables yet)
+    iceberg.changelog(tmp_path, SHAPE).create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    assert iceberg.mark(tmp_path, 2, [SHAPE], "tidemark-epoch") == 1
+    assert iceberg.mark(tmp_path, 2, [SHAPE], "tidemark-epoch") == 0  # (marked that far)
+
+
 def test_a_table_in_the_catalog_not_made_by_tidemark_is_refused(
     tmp_path: Path, iceberg: IcebergFormat
 ) -> None:

@@ -97,6 +97,8 @@ class IcebergFormat(current.Refreshing):
         for name in sorted(shapes):
             changelog, state = self.changelog(root, name), self.current(root, name)
             loaders += [changelog.loaded, state.loaded]
+        if not loaders:  # (a leader with no shapes yet)
+            return 0
         with ThreadPoolExecutor(min(MARK_THREADS, len(loaders))) as pool:
             return sum(pool.map(lambda load: _mark(load, epoch, app_id), loaders))
 
