@@ -291,6 +291,48 @@ def test_rows_split_at_the_front_keep_their_metadata_runs() -> None:
     assert lsns == [100, 100, 200, 200, 200]
 
 
+def test_dropping_rows_at_the_front_leaves_what_the_front_split_leaves() -> None:
+    """``drop_front`` (the spool's slices, one pass over the runs) against the split
+    ``peek_front`` describes, done run by run: on runs of every length, a run per row
+    (one-row transactions) and empty runs (a transaction whose rows were staged)."""
+    import random
+
+    from tidemark.writers.buffer import Rows
+
+    def reference(rows: Rows, n: int) -> tuple[list[int], list[tuple[int, int, int, int]]]:
+        front = rows.peek_front(n)
+        runs = list(rows.runs)
+        for _ in front.runs[:-1]:  # the runs the front took whole
+            runs.pop(0)
+        if front.runs:
+            lsn, xid, ts, count = runs[0]
+            left = count - front.runs[-1][3]
+            if left:
+                runs[0] = (lsn, xid, ts, left)
+            else:
+                runs.pop(0)
+        return rows.ops[len(front) :], runs
+
+    rng = random.Random(5)
+    for _ in range(300):
+        counts = [rng.choice([0, 1, 1, 1, 2, 5]) for _ in range(rng.randrange(1, 12))]
+        total = sum(counts)
+        rows = Rows()
+        for op in range(total):
+            rows.values.append((str(op).encode(),))
+            rows.ops.append(op)
+            rows.kinds.append("insert")
+            rows.unchanged.append(None)
+        rows.runs = [(100 + i, i, 7, c) for i, c in enumerate(counts)]
+        rows.nbytes = 100 * total
+        n = rng.randrange(0, total + 2)
+        want = reference(rows, n)
+        dropped = rows.drop_front(n)
+        assert (rows.ops, rows.runs) == want, (counts, n)
+        assert dropped == 100 * min(n, total) and rows.nbytes == 100 * total - dropped
+        assert len(rows.values) == len(rows.kinds) == len(rows.unchanged) == len(rows.ops)
+
+
 def test_a_new_table_numbers_snapshot_rows_past_two_to_the_31() -> None:
     from tidemark.writers.arrow_batch import snapshot_table
 

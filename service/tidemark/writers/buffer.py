@@ -117,23 +117,33 @@ class Rows:
     def take_front(self, n: int) -> Rows:
         """Remove the first ``n`` rows (with their metadata runs) and return them; the
         bytes move in proportion (the per-row sizes are not kept)."""
-        total = len(self.ops)
         front = self.peek_front(n)
-        n = len(front)
-        front.nbytes = self.nbytes * n // total if total else 0
-        self.nbytes -= front.nbytes
+        front.nbytes = self.drop_front(n)
+        return front
+
+    def drop_front(self, n: int) -> int:
+        """Remove the first ``n`` rows and their metadata runs; returns the bytes they
+        counted for (in proportion: the per-row sizes are not kept). One pass over the
+        runs they cover, however many runs are left (a batch of one-row transactions
+        has a run per row)."""
+        total = len(self.ops)
+        every = n > total  # (then empty runs after the last row go too)
+        n = min(n, total)
+        nbytes = self.nbytes * n // total if total else 0
+        self.nbytes -= nbytes
         for column in (self.values, self.ops, self.kinds, self.unchanged):
             del column[:n]
-        for _ in front.runs[:-1]:  # the runs the front took whole
-            self.runs.pop(0)
-        if front.runs:
+        whole, left = 0, n
+        for _, _, _, count in self.runs:
+            if left < count or (left == 0 and not every):
+                break
+            left -= count
+            whole += 1
+        del self.runs[:whole]
+        if left:  # the run the cut falls in keeps its rest
             lsn, xid, ts, count = self.runs[0]
-            left = count - front.runs[-1][3]
-            if left:
-                self.runs[0] = (lsn, xid, ts, left)
-            else:
-                self.runs.pop(0)
-        return front
+            self.runs[0] = (lsn, xid, ts, count - left)
+        return nbytes
 
     def remap(self, positions: Sequence[int | None]) -> None:
         """Rearrange every row's values: new column ``i`` takes old value

@@ -110,7 +110,7 @@ def write_spool(
             spooled = spool_arrow(table, folder, f"part-{len(files):05d}.parquet", arrow)
             del arrow
         files.append(spooled)
-        rows.take_front(n)
+        rows.drop_front(n)
 
 
 def spool_batch_rows(
