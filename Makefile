@@ -12,7 +12,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 
 setup: java prometheus fuse $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py service/tidemark/_fastpath.pyx
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

@@ -30,8 +30,17 @@ class Check:
     warning: bool = False  # ok, but something the operator should know (printed "warn")
 
 
+def _per_change_path() -> Check:
+    """Which decoder and batch builder run: compiled (``tidemark._fastpath``) or the
+    pure-Python reference, which is correct but slower (a warning, not a failure)."""
+    from tidemark.pgoutput.fastpath import FAST, PATH
+
+    return Check("per-change path", True, PATH, warning=FAST is None)
+
+
 async def run_checks(settings: Settings) -> list[Check]:
     out: list[Check] = []
+    out.append(_per_change_path())
     out.append(_spark(settings))
     out.append(_sink(settings.sink.root))
     src = settings.source

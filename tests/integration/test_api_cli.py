@@ -282,6 +282,7 @@ def test_config_check_passes_on_a_good_setup_and_explains_a_bad_shape(
     assert cli.main(["--config", str(config), "config", "check"]) == 0
     out = capsys.readouterr().out
     assert "ok   shape t_all" in out and "password" not in out.lower().replace("***", "")
+    assert "ok   per-change path" in out and "compiled (tidemark._fastpath, Cython)" in out
     assert pg_db.dsn not in out  # the DSN (with its password) is shown redacted
     config.write_text(config.read_text() + '[[shapes]]\nname = "bad"\ntable = "public.nopk"\n')
     assert cli.main(["--config", str(config), "config", "check"]) == 4

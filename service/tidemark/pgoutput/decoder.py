@@ -26,16 +26,20 @@ Speed: Insert, Update and Delete are the hot path. They use precompiled
 ``struct.Struct.unpack_from`` readers, an inline loop over the tuple columns, and
 build the frozen message objects without going through the dataclass ``__init__``
 (which costs three ``object.__setattr__`` calls per message); ``bench/decode_bench.py``
-measures the effect.
+measures the effect. Where ``tidemark._fastpath`` was built (``fastpath.py``), their
+tuple data is read by compiled code instead, into the same objects; the Python readers
+stay the reference and explain every malformed message.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from types import ModuleType
 from typing import Final, Literal
 
 from tidemark.errors import ConfigError, ProtocolError
+from tidemark.pgoutput.fastpath import FAST, PATH
 from tidemark.pgoutput.messages import (
     UNCHANGED_TOAST,
     Begin,
@@ -346,6 +350,66 @@ def _delete(buf: bytes, pos: int = 1, xid: int | None = None) -> Delete:
     return Delete(oid, old, old_kind, xid)
 
 
+# The compiled readers (``FAST``) return the fields of the same three
+# messages; on anything unexpected they raise, and the reference reader above runs on
+# the same bytes to raise the precise ProtocolError (or, should it accept what the
+# compiled one refused, to return the message: the reference decides).
+_set_update_fields: Final = [
+    _slot_setter(Update, name) for name in ("relation_oid", "old", "old_kind", "new", "xid")
+]
+_set_delete_fields: Final = [
+    _slot_setter(Delete, name) for name in ("relation_oid", "old", "old_kind", "xid")
+]
+
+
+def _compiled_readers(fast: ModuleType) -> dict[int, Callable[..., Message]]:
+    insert_parts, update_parts, delete_parts = (
+        fast.insert_parts,
+        fast.update_parts,
+        fast.delete_parts,
+    )
+    set_oid, set_old, set_old_kind, set_new, set_xid = _set_update_fields
+    del_oid, del_old, del_old_kind, del_xid = _set_delete_fields
+
+    def insert(buf: bytes, pos: int = 1, xid: int | None = None) -> Insert:
+        try:
+            oid, new = insert_parts(buf, pos)
+        except (ValueError, TypeError):
+            return _insert(buf, pos, xid)
+        message: Insert = _new_object(Insert)
+        _set_insert_oid(message, oid)
+        _set_insert_new(message, new)
+        _set_insert_xid(message, xid)
+        return message
+
+    def update(buf: bytes, pos: int = 1, xid: int | None = None) -> Update:
+        try:
+            oid, old, old_kind, new = update_parts(buf, pos)
+        except (ValueError, TypeError):
+            return _update(buf, pos, xid)
+        message: Update = _new_object(Update)
+        set_oid(message, oid)
+        set_old(message, old)
+        set_old_kind(message, old_kind)
+        set_new(message, new)
+        set_xid(message, xid)
+        return message
+
+    def delete(buf: bytes, pos: int = 1, xid: int | None = None) -> Delete:
+        try:
+            oid, old, old_kind = delete_parts(buf, pos)
+        except (ValueError, TypeError):
+            return _delete(buf, pos, xid)
+        message: Delete = _new_object(Delete)
+        del_oid(message, oid)
+        del_old(message, old)
+        del_old_kind(message, old_kind)
+        del_xid(message, xid)
+        return message
+
+    return {ord("I"): insert, ord("U"): update, ord("D"): delete}
+
+
 # --- schema messages ---
 
 
@@ -525,9 +589,20 @@ def _with_xid(handler: Callable[[bytes, int, int | None], Message]) -> Handler:
 class PgOutputDecoder:
     """Decodes pgoutput message payloads of one replication connection, in order."""
 
-    __slots__ = ("_inside", "_outside", "_table", "parallel_streaming", "proto_version")
+    __slots__ = (
+        "_inside",
+        "_outside",
+        "_table",
+        "compiled",
+        "parallel_streaming",
+        "proto_version",
+    )
 
-    def __init__(self, proto_version: int, parallel_streaming: bool = False) -> None:
+    def __init__(
+        self, proto_version: int, parallel_streaming: bool = False, compiled: bool | None = None
+    ) -> None:
+        """``compiled``: read changes with the compiled module (True: it must be built),
+        with the pure-Python reference (False), or with whichever is available (None)."""
         if proto_version not in (1, 2, 3, 4):
             raise ConfigError(
                 f"pgoutput proto_version {proto_version!r} is not supported: use 1, 2, 3 or 4"
@@ -537,8 +612,11 @@ class PgOutputDecoder:
                 f"parallel streaming needs pgoutput proto_version 4, got {proto_version}: "
                 "raise proto_version or use streaming 'on'"
             )
+        if compiled and FAST is None:
+            raise ConfigError(f"the compiled per-change path is not available: {PATH}")
         self.proto_version = proto_version
         self.parallel_streaming = parallel_streaming
+        self.compiled = FAST is not None if compiled is None else compiled
         self._outside = self._build_table(in_stream=False)
         self._inside = self._build_table(in_stream=True)
         self._table = self._outside
@@ -598,6 +676,9 @@ class PgOutputDecoder:
             ord("r"): _rollback_prepared,
             ord("p"): _stream_prepare,
         }
+        if self.compiled:
+            assert FAST is not None
+            handlers.update(_compiled_readers(FAST))
         if in_stream:
             for tag in _XID_IN_STREAM:
                 handlers[tag] = _with_xid(handlers[tag])  # type: ignore[arg-type]

@@ -1,9 +1,10 @@
 """Buffered rows to an Arrow table, one whole column at a time.
 
-The values of each output column are gathered with one ``zip(*rows)`` and
-converted by the column's ``LakeColumn`` (``ColumnSpec.lake``; Arrow casts the text
-in bulk);
-per-transaction metadata runs are expanded with list repetition. No per-value
+The values of each output column are gathered into one Arrow ``binary`` array by the
+compiled ``text_columns`` (``tidemark._fastpath``) where it was built, or with one
+``zip(*rows)`` into Python lists (the reference), and converted by the column's
+``LakeColumn`` (``ColumnSpec.lake``; Arrow casts the text in bulk); per-transaction
+metadata runs are expanded with NumPy's ``repeat``. No per-value
 Python work happens here except replacing UNCHANGED_TOAST markers by NULL in the
 rare batches that have them, and padding rows buffered before a column was added
 upstream (columns are only ever appended: a dropped column keeps its place as NULL).
@@ -16,20 +17,55 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidemark.errors import SinkError, UnfitValue
+from tidemark.pgoutput.fastpath import FAST
 from tidemark.pgoutput.messages import UNCHANGED_TOAST
 from tidemark.sink.schema import OP, ColumnSpec
 from tidemark.writers.buffer import Rows
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
+_BINARY = pa.binary()
 
 
 def build_table(
-    schema: pa.Schema, specs: Sequence[ColumnSpec], rows: Rows, shape: str | None = None
+    schema: pa.Schema,
+    specs: Sequence[ColumnSpec],
+    rows: Rows,
+    shape: str | None = None,
+    compiled: bool | None = None,
 ) -> pa.Table:
+    """``compiled``: gather the columns with ``tidemark._fastpath`` (None: if it was
+    built; False: the pure-Python reference below)."""
+    n = len(rows)
+    width = len(specs)
+    fast = FAST if compiled is None or compiled else None
+    gathered = fast.text_columns(rows.values, width) if fast is not None and n else None
+    if gathered is not None:
+        arrays = [
+            _column(spec, pa.Array.from_buffers(_BINARY, n, _buffers(parts), parts[3]), shape)
+            for spec, parts in zip(specs, gathered, strict=True)
+        ]
+    else:
+        arrays = _gather(specs, rows, shape)
+    arrays.extend(_metadata(schema, rows))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _buffers(parts: tuple[bytes | None, bytes, bytes, int]) -> list[pa.Buffer | None]:
+    validity, offsets, data, _ = parts
+    return [
+        None if validity is None else pa.py_buffer(validity),
+        pa.py_buffer(offsets),
+        pa.py_buffer(data),
+    ]
+
+
+def _gather(specs: Sequence[ColumnSpec], rows: Rows, shape: str | None) -> list[pa.Array]:
+    """The reference: one ``zip(*rows)``, then each column's values as a list."""
     n = len(rows)
     tuples: Sequence[tuple[object, ...]] = rows.values
     width = len(specs)
@@ -46,22 +82,25 @@ def build_table(
         if rows.has_unchanged:
             values = [None if v is UNCHANGED_TOAST else v for v in column]
         arrays.append(_column(spec, values, shape))
-    lsns: list[int] = []
-    xids: list[int] = []
-    stamps: list[int] = []
-    for lsn, xid, commit_ts, count in rows.runs:
-        lsns += [lsn] * count
-        xids += [xid] * count
-        stamps += [commit_ts + PG_EPOCH_US] * count
-    if len(lsns) != n:
-        raise ValueError(f"metadata runs cover {len(lsns)} rows, the batch has {n}")
-    arrays.append(pa.array(lsns, pa.int64()))
-    arrays.append(pa.array(rows.ops, schema.field(OP).type))
-    arrays.append(pa.array(rows.kinds, pa.string()))
-    arrays.append(pa.array(xids, pa.int64()))
-    arrays.append(pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")))
-    arrays.append(pa.array(rows.unchanged, pa.list_(pa.string())))
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return arrays
+
+
+def _metadata(schema: pa.Schema, rows: Rows) -> list[pa.Array]:
+    """``_lsn``, ``_op``, ``_kind``, ``_xid``, ``_commit_ts``, ``_unchanged``: the
+    per-transaction runs expanded by NumPy, the per-row lists converted by Arrow."""
+    n = len(rows)
+    runs = np.array(rows.runs, dtype=np.int64).reshape(-1, 4)
+    counts = runs[:, 3]
+    if int(counts.sum()) != n:
+        raise ValueError(f"metadata runs cover {int(counts.sum())} rows, the batch has {n}")
+    return [
+        pa.array(np.repeat(runs[:, 0], counts)),
+        pa.array(rows.ops, schema.field(OP).type),
+        pa.array(rows.kinds, pa.string()),
+        pa.array(np.repeat(runs[:, 1], counts)),
+        pa.array(np.repeat(runs[:, 2] + PG_EPOCH_US, counts)).cast(pa.timestamp("us", tz="UTC")),
+        pa.array(rows.unchanged, pa.list_(pa.string())),
+    ]
 
 
 def _column(spec: ColumnSpec, values: Sequence[object] | pa.Array, shape: str | None) -> pa.Array:
