@@ -21,8 +21,7 @@ Two artificial offsets come from the seed algorithm (ElectricSQL's FlushTracker)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 MAX_LSN: Final = (1 << 64) - 1
 #: ``op_offset`` of an artificial offset after every change of its transaction.
@@ -72,9 +71,13 @@ def format_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class LogOffset:
-    """Position of one change: (commit LSN of its transaction, index inside it)."""
+class LogOffset(NamedTuple):
+    """Position of one change: (commit LSN of its transaction, index inside it).
+
+    A named tuple, so building and comparing one is the interpreter's own tuple work:
+    the collector and the alignment make and compare several per transaction and shape
+    (as a frozen ``order=True`` dataclass they were ~7% of the stream's CPU with small
+    transactions). Ordered as ``(tx_offset, op_offset)``."""
 
     tx_offset: int
     op_offset: int = 0

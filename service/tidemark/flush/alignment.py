@@ -36,7 +36,7 @@ Pure and single-owner, like the tracker.
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import bisect_right
 
 from tidemark.errors import InvariantViolation
 from tidemark.lsn import LogOffset
@@ -46,8 +46,9 @@ class TxnAlignment:
     """One writer's map from its written offsets to transaction boundaries."""
 
     __slots__ = (
-        "_entries",
+        "_ends",
         "_flushed",
+        "_head",
         "_held",
         "_in_txn",
         "_last_boundary",
@@ -55,12 +56,19 @@ class TxnAlignment:
         "_open_first",
         "_open_last",
         "_written_before_txn",
+        "_wrote",
     )
 
     def __init__(self) -> None:
-        # [last offset written in T, T's last_log_offset], oldest first; a list so the
-        # boundary can be relabelled in place.
-        self._entries: deque[list[LogOffset]] = deque()
+        # Entry i: the last offset written in transaction T (``_wrote[i]``) and T's
+        # last_log_offset (``_ends[i]``), oldest first. Live entries start at
+        # ``_head``: a flush drops a prefix found by bisection (written offsets
+        # increase), and the lists are cut only now and then, so a shape that gets a
+        # row in every one of many small transactions costs no per-entry work when a
+        # flush covers thousands of them.
+        self._wrote: list[LogOffset] = []
+        self._ends: list[LogOffset] = []
+        self._head = 0
         self._in_txn = False
         self._open_first: LogOffset | None = None
         self._open_last: LogOffset | None = None
@@ -138,15 +146,16 @@ class TxnAlignment:
         self._open_last = None
         self._last_boundary = txn_last_offset
         if wrote is not None:
-            self._entries.append([wrote, txn_last_offset])
+            self._wrote.append(wrote)
+            self._ends.append(txn_last_offset)
         held = self._held
         if held is not None:
             self._held = None
             return self._align(held)
         if wrote is None:
-            if not self._entries:
+            if self._head == len(self._wrote):
                 return txn_last_offset
-            self._entries[-1][1] = txn_last_offset
+            self._ends[-1] = txn_last_offset
         return None
 
     def on_flushed(self, flushed: LogOffset) -> LogOffset | None:
@@ -166,10 +175,11 @@ class TxnAlignment:
             # Rows of the open transaction are flushed, but the tracker has not seen its
             # commit yet: report only the closed transactions now.
             self._held = flushed
-            closed = None
-            while self._entries:
-                closed = self._entries.popleft()
-            return None if closed is None else closed[1]
+            if self._head == len(self._wrote):
+                return None
+            closed = self._ends[-1]
+            self._drop(len(self._wrote))
+            return closed
         return self._align(flushed)
 
     @property
@@ -179,13 +189,28 @@ class TxnAlignment:
     @property
     def is_idle(self) -> bool:
         """Nothing written is unflushed and no transaction is open."""
-        return not self._entries and not self._in_txn and self._held is None
+        return self._head == len(self._wrote) and not self._in_txn and self._held is None
 
     def _align(self, flushed: LogOffset) -> LogOffset:
-        entries = self._entries
-        last = None
-        while entries and entries[0][0] <= flushed:
-            last = entries.popleft()
-        if last is not None and last[0] == flushed:
-            return last[1]
-        return flushed
+        wrote = self._wrote
+        cut = bisect_right(wrote, flushed, self._head)
+        if cut == self._head:
+            return flushed
+        last = cut - 1
+        aligned = self._ends[last] if wrote[last] == flushed else flushed
+        self._drop(cut)
+        return aligned
+
+    def _drop(self, cut: int) -> None:
+        """Entries before ``cut`` are flushed: move the head, cut the lists when most
+        of them is dead."""
+        if cut == len(self._wrote):
+            self._wrote.clear()
+            self._ends.clear()
+            self._head = 0
+        elif cut > 4096 and 2 * cut > len(self._wrote):
+            del self._wrote[:cut]
+            del self._ends[:cut]
+            self._head = 0
+        else:
+            self._head = cut

@@ -97,6 +97,16 @@ class Rows:
         self.has_unchanged |= other.has_unchanged
         self.nbytes += other.nbytes
 
+    def clear(self) -> None:
+        """Empty every list in place (the object is used again)."""
+        self.values.clear()
+        self.ops.clear()
+        self.kinds.clear()
+        self.unchanged.clear()
+        self.runs.clear()
+        self.has_unchanged = False
+        self.nbytes = 0
+
     def peek_front(self, n: int) -> Rows:
         """The first ``n`` rows as their own ``Rows`` (this one unchanged)."""
         front = Rows(
@@ -226,18 +236,29 @@ class Batch:
         )
 
 
-@dataclass(slots=True, eq=False)
 class Delivery:
-    """One delivery of an open transaction (Postgres re-sends it after a restart)."""
+    """One delivery of an open transaction (Postgres re-sends it after a restart).
 
-    lsn: int
-    xid: int
-    commit_ts: int
-    rows: Rows = field(default_factory=Rows)
-    staged: list[DataFile] = field(default_factory=list)
-    staged_rows: int = 0
-    last_op: int = -1  # the last row's _op (-1: none yet)
-    state: str = "open"  # open | ended | aborted
+    Compared by identity. One is made per transaction and shape, so it is a plain
+    slotted class (a dataclass with default factories cost twice as much)."""
+
+    __slots__ = ("commit_ts", "last_op", "lsn", "rows", "staged", "staged_rows", "state", "xid")
+
+    def __init__(self, lsn: int, xid: int, commit_ts: int, rows: Rows) -> None:
+        self.lsn = lsn
+        self.xid = xid
+        self.commit_ts = commit_ts
+        self.rows = rows
+        self.staged: list[DataFile] = []
+        self.staged_rows = 0
+        self.last_op = -1  # the last row's _op (-1: none yet)
+        self.state = "open"  # open | ended | aborted
+
+    def __repr__(self) -> str:
+        return (
+            f"Delivery(lsn={self.lsn}, xid={self.xid}, rows={len(self.rows)}, "
+            f"staged={len(self.staged)}, state={self.state!r})"
+        )
 
 
 class ShapeBuffer:
@@ -254,12 +275,19 @@ class ShapeBuffer:
         self._ready_since: float | None = None
         self._ready_spooled: list[SpooledTxn] = []
         self._streams: dict[int, StreamPart] = {}
+        # the rows of the last ended or aborted delivery, emptied for the next one
+        self._spare: Rows | None = None
 
     # -- the stream side ------------------------------------------------------
 
     def begin_txn(self, lsn: int, xid: int, commit_ts: int) -> None:
         assert self._open is None, "previous transaction not ended"
-        self._open = Delivery(lsn, xid, commit_ts)
+        rows = self._spare
+        if rows is None:
+            rows = Rows()
+        else:
+            self._spare = None
+        self._open = Delivery(lsn, xid, commit_ts, rows)
 
     @property
     def in_txn(self) -> bool:
@@ -291,11 +319,15 @@ class ShapeBuffer:
         assert txn is not None
         self._open = None
         txn.state = "ended"
-        count = len(txn.rows)
+        rows = txn.rows
+        count = len(rows)
         if txn.last_op < 0:  # nothing written for this shape
+            self._spare = rows
             return 0
-        txn.rows.runs.append((txn.lsn, txn.xid, txn.commit_ts, count))
-        self._ready.extend(txn.rows)
+        rows.runs.append((txn.lsn, txn.xid, txn.commit_ts, count))
+        self._ready.extend(rows)
+        rows.clear()
+        self._spare = rows
         self._ready_staged.extend(txn.staged)
         self._ready_txns += 1
         if self._ready_first is None:
@@ -309,6 +341,8 @@ class ShapeBuffer:
         """Forget the open transaction (the stream restarts; Postgres re-sends it)."""
         if self._open is not None:
             self._open.state = "aborted"
+            self._open.rows.clear()
+            self._spare = self._open.rows
         self._open = None
 
     # -- transactions streamed before their commit ------------------------------
