@@ -23,6 +23,7 @@ SECTIONS = (
     "e2e",
     "e2e-small",
     "e2e-wide",
+    "parquet",
     "shapes",
     "streamed",
     "backfill",
@@ -105,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                 e2e_bench.main(args.rows, "small")
             else:
                 e2e_bench.main(args.rows // 10, "wide")
+        elif section == "parquet":
+            from bench import parquet_bench
+
+            parquet_bench.main(args.rows)
         elif section == "shapes":
             from bench import shapes_bench
 

@@ -13,9 +13,11 @@ One session per process, of one of two kinds:
   are sent to the server's session; static ones (memory, UI, ``spark.hadoop.*``)
   belong on the server's own command line.
 
-Data goes in and out through Arrow (``createDataFrame(pyarrow.Table)``), never
-through pandas. Whatever differs between the kinds is decided here
-(``is_connect``, ``arrow_parts``), so callers stay the same for both.
+Data goes in through Arrow (a classic session reads a flush's rows from a Parquet
+file the driver writes with pyarrow, ``writers.job.arrow_frames``; Connect takes
+``createDataFrame(pyarrow.Table)``) and out through Arrow, never through pandas.
+Whatever differs between the kinds is decided here (``is_connect``, ``arrow_parts``,
+``readable_path``), so callers stay the same for both.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 from tidemark.errors import ConfigError
@@ -177,6 +179,17 @@ def arrow_parts(spark: Any, arrow: pa.Table) -> list[pa.Table]:
     return [arrow.slice(start, step) for start in range(0, arrow.num_rows, step)]
 
 
+# Hadoop reads a path with any of these as a glob pattern (or, with ':', fails to
+# parse it: "Relative path in absolute URI")
+_UNREADABLE: Final = frozenset("{}[]*?\\:")
+
+
+def readable_path(path: str | os.PathLike[str]) -> bool:
+    """Whether ``spark.read`` can open ``path`` as it is: no character Hadoop takes for
+    a glob or a URI scheme (a sink root may have them; writes do not mind)."""
+    return not _UNREADABLE.intersection(os.fspath(path))
+
+
 def connect_address(remote: str) -> tuple[str, int]:
     """Host and port of an ``sc://host[:port][/;params]`` URL."""
     parts = urlsplit(remote)
@@ -253,6 +266,16 @@ def local_mode_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+JAVA_OPTIONS: Final = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+
+
+def java_options(ours: str, theirs: str) -> str:
+    """JVM options a user sets in ``[spark] conf`` go after tidemark's own, not in their
+    place: the JVM takes the last of two conflicting flags, so the user's win, and
+    tidemark's others (the child process mechanism) stay."""
+    return " ".join(part for part in (ours.strip(), theirs.strip()) if part)
+
+
 def build_session(
     master: str = "local[2]",
     conf: Mapping[str, str] | None = None,
@@ -273,6 +296,8 @@ def build_session(
 
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {**DEFAULT_CONF, **local_mode_conf(master, conf or {}), **(conf or {})}
+    for key in JAVA_OPTIONS:
+        settings[key] = java_options(DEFAULT_CONF.get(key, ""), (conf or {}).get(key, ""))
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

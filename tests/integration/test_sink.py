@@ -214,6 +214,35 @@ async def test_shapes_due_while_a_round_writes_wait_and_go_into_the_next_round_t
         assert [r["id"] for r in rows_of(w.table)] == want[w.shape]
 
 
+async def test_a_round_hands_spark_its_rows_as_a_parquet_file_not_through_create_data_frame(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A classic session reads a round's rows from the file the driver wrote (removed
+    after the job); ``createDataFrame`` is left for Spark Connect and for roots whose
+    path Hadoop cannot read as it is (the test below)."""
+
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("the rows went through createDataFrame")
+
+    monkeypatch.setattr(type(spark), "createDataFrame", refused)
+    feeder = make_feeder()
+    writers = [open_writer(feeder, str(tmp_path / "lake"), name) for name in ("a", "b")]
+    scheduler = FlushScheduler(spark, FlushPolicy(max_age_s=60))
+    for w in writers:
+        scheduler.add(w)
+    feeder.txn(100, {"a": [ins(1), ins(2)], "b": [ins(3)]})
+    async with running(scheduler):
+        await scheduler.flush_all()
+    assert scheduler.stats.rounds == 1 and scheduler.stats.job_failures == 0
+    want = {"a": [(1, 100), (2, 100)], "b": [(3, 100)]}
+    for w in writers:
+        assert sorted((r["id"], r["_lsn"]) for r in rows_of(w.table)) == want[w.shape]
+    staging = tmp_path / "lake" / "_rounds"
+    assert not [p for p in staging.rglob("*") if p.name.endswith(".in")]  # removed
+
+
 async def test_a_local_round_writes_each_members_files_in_place_under_any_folder_name(
     spark,  # type: ignore[no-untyped-def]
     tmp_path: Path,

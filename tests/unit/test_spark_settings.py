@@ -20,7 +20,9 @@ from tidemark.errors import ConfigError
 from tidemark.spark import (
     CONNECT_CONF,
     CONNECT_JOB_BYTES,
+    DEFAULT_CONF,
     DRIVER_LISTING_PATHS,
+    JAVA_OPTIONS,
     LISTING_THRESHOLD,
     OPEN_COST,
     OPEN_COST_BYTES,
@@ -28,7 +30,9 @@ from tidemark.spark import (
     check_connect,
     connect_address,
     is_connect,
+    java_options,
     local_mode_conf,
+    readable_path,
 )
 
 
@@ -178,3 +182,23 @@ def test_the_committed_jar_is_built_from_the_committed_source(tmp_path: Path) ->
             name = f"tidemark/hadoop/{source.stem}.class"
             built = (tmp_path / name).read_bytes()
             assert built == jar.read(name), "tidemark-jvm.jar is older than its source: `make jvm`"
+
+
+def test_java_options_from_the_settings_come_after_tidemarks_own() -> None:
+    ours = DEFAULT_CONF["spark.driver.extraJavaOptions"]
+    merged = java_options(ours, " -XX:TieredStopAtLevel=1 ")
+    assert merged == f"{ours} -XX:TieredStopAtLevel=1"
+    assert "launchMechanism=VFORK" in merged  # tidemark's own stay
+    assert java_options(ours, "") == ours
+    assert java_options("", "-Xss4m") == "-Xss4m"
+    assert set(JAVA_OPTIONS) == {
+        "spark.driver.extraJavaOptions",
+        "spark.executor.extraJavaOptions",
+    }
+
+
+def test_paths_hadoop_would_read_as_a_glob_or_a_uri_are_not_read_as_they_are() -> None:
+    assert readable_path("/srv/lake/_rounds/x.in")
+    assert readable_path(Path("/srv/lake ü = x/_spool/y"))
+    for odd in ("/srv/lake{x}", "/srv/a[1]", "/srv/a*", "/srv/a?", "/srv/a\\b", "/srv/l:1"):
+        assert not readable_path(odd), odd

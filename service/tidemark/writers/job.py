@@ -1,9 +1,9 @@
 """The blocking work of a flush, run in a worker thread: Arrow -> Spark -> Delta.
 
 ``write_parquet`` has Spark write rows as Parquet into a fresh ``data/<uuid>/``
-folder of the shape's table (``createDataFrame(pyarrow.Table)``, ``coalesce``) and
-returns the files; nothing is visible until ``commit_batch`` adds them in one
-Delta commit tagged with the batch's end LSN.
+folder of the shape's table (the rows handed over as a plain Parquet file the driver
+writes, ``arrow_frames``; ``coalesce``) and returns the files; nothing is visible
+until ``commit_batch`` adds them in one Delta commit tagged with the batch's end LSN.
 
 Rows of a transaction still being streamed are *spooled* (``write_spool``): the
 driver writes them with pyarrow under the table's ``_spool/`` folder (a hidden
@@ -17,11 +17,13 @@ commit landed.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
 from tidemark.sink.files import DataFile
 from tidemark.sink.port import ChangelogTable
 from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema
-from tidemark.spark import arrow_parts, is_connect
+from tidemark.spark import arrow_parts, is_connect, readable_path
 from tidemark.writers.arrow_batch import PG_EPOCH_US, build_table
 from tidemark.writers.buffer import Batch, Rows, SpooledTxn
 
@@ -80,11 +82,42 @@ def write_arrow(
     if not replacing:
         check_column_types(table, schema)
     rel, folder = table.new_batch_dir()
-    for part in arrow_parts(spark, arrow):
-        files = max(1, -(-part.num_rows // ROWS_PER_FILE))
-        frame = spark.createDataFrame(part, schema=spark_schema(schema))
-        frame.coalesce(files).write.mode("append").parquet(str(folder))
+    scratch = table.path / table.new_spool_dir()[0]
+    with arrow_frames(spark, arrow, spark_schema(schema), scratch) as frames:
+        for rows, frame in frames:
+            files = max(1, -(-rows // ROWS_PER_FILE))
+            frame.coalesce(files).write.mode("append").parquet(str(folder))
     return table.files_in(rel)
+
+
+@contextmanager
+def arrow_frames(
+    spark: Any, arrow: pa.Table, target: Any, scratch: Path
+) -> Iterator[list[tuple[int, Any]]]:
+    """DataFrames over ``arrow`` (with their row counts), for one write each.
+
+    A classic session reads the rows from a plain Parquet file the driver writes with
+    pyarrow into the folder ``scratch`` (under the sink root: the executors mount it;
+    removed after the write). Fed to ``createDataFrame`` instead, a batch reaches the
+    JVM inside its job and is turned into rows there: ``python -m bench parquet``
+    measured 5.3 us of the JVM's CPU a row that way against 3.1 us through the file
+    (which costs the driver 0.15 us a row). Spark Connect (the server need not share
+    the driver's files), and a sink root whose path Hadoop cannot read as it is
+    (``readable_path``): ``createDataFrame`` of ``arrow_parts``."""
+    if is_connect(spark) or not readable_path(scratch):
+        yield [(part.num_rows, spark.createDataFrame(part, schema=target))
+               for part in arrow_parts(spark, arrow)]  # fmt: skip
+        return
+    import pyarrow.parquet as pq
+
+    fencing.check()  # (a deposed leader writes nothing under the root)
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = scratch / "rows.parquet"
+    try:
+        pq.write_table(arrow, path, compression="none", use_dictionary=False)
+        yield [(arrow.num_rows, spark.read.schema(target).parquet(str(path)))]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def write_spool(
@@ -489,13 +522,13 @@ def _write_partitioned(
     tasks = min(default_parallelism(spark), members // MEMBERS_PER_TASK)
     # (the rows' bytes: the partition column repeats a folder path on every row)
     codec = round_codec(combined.nbytes - combined.column(column).nbytes, members)
-    for part in arrow_parts(spark, combined):
-        frame = spark.createDataFrame(part, schema=target)
-        frame = frame.repartition(tasks, column) if tasks > 1 else frame.coalesce(1)
-        writer = frame.write.partitionBy(column).mode("append")
-        if codec is not None:
-            writer = writer.option("compression", codec)
-        writer.parquet(str(folder))
+    with arrow_frames(spark, combined, target, staging / f"{folder.name}.in") as frames:
+        for _, frame in frames:
+            frame = frame.repartition(tasks, column) if tasks > 1 else frame.coalesce(1)
+            writer = frame.write.partitionBy(column).mode("append")
+            if codec is not None:
+                writer = writer.option("compression", codec)
+            writer.parquet(str(folder))
     return folder
 
 
