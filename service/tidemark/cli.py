@@ -164,6 +164,9 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     api = _api(args)
     if args.action == "list":
         body = _check(*api.call("GET", "/v1/shapes"))
+        if args.output == "json":
+            print(json.dumps(body["shapes"], indent=2))
+            return 0
         rows = [
             [
                 s["name"],
@@ -177,7 +180,8 @@ def cmd_shapes(args: argparse.Namespace) -> int:
         ]
         print(_table(rows, ["shape", "table", "where", "state", "frontier", "rows"]))
     elif args.action == "show":
-        print(json.dumps(_check(*api.call("GET", _shape_path(args.name))), indent=2))
+        shape = _check(*api.call("GET", _shape_path(args.name)))
+        print(json.dumps(shape, indent=2) if args.output == "json" else _shape_text(shape))
     elif args.action == "remove":
         _check(*api.call("DELETE", _shape_path(args.name)), ok=(204,))
         print(f"shape {args.name} removed (its table stays under the sink root)")
@@ -201,6 +205,47 @@ def cmd_shapes(args: argparse.Namespace) -> int:
         if args.wait:
             return _wait_ready(api, shape["name"], args.timeout)
     return 0
+
+
+def _shape_text(s: dict[str, Any]) -> str:
+    """One shape for people: its definition, state, progress and where its tables are."""
+    lag = "-"
+    if s.get("lag_bytes") is not None:
+        lag = f"{human_bytes(s['lag_bytes'])}, {human_seconds(s.get('lag_s'))}"
+    lines = [
+        ("shape", s["name"]),
+        ("table", s["table"]),
+        ("where", s.get("where") or "-"),
+        ("columns", ", ".join(s["columns"]) if s.get("columns") else "all"),
+        ("state", s["state"] + (" (stalled)" if s.get("stalled") else "")),
+        ("why not ready", s.get("reason") or "-"),
+        ("frontier", _lsn(s.get("frontier"))),
+        ("lag", lag),
+        (
+            "rows",
+            f"{s.get('rows_backfilled') or 0:,} from its snapshot + "
+            f"{s['rows_committed']:,} changes since start",
+        ),
+        ("continuity", _continuity(s.get("continuity"))),
+    ]
+    tables = s.get("tables")
+    if tables:
+        log = tables["changelog"]
+        lines.append(("format", tables["format"]))
+        lines.append(
+            ("changelog", f"{log['name']} (version {log['version']}, {log['files']} files)")
+        )
+        lines.append(("primary key", ", ".join(log["primary_key"])))
+        current = tables.get("current")
+        if current:
+            folded = current.get("folded") or "never refreshed"
+            lines.append(
+                ("current", f"{current['name']} (version {current['version']}, folded {folded})")
+            )
+        else:
+            lines.append(("current", "-"))
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
 
 
 def _wait_ready(api: Api, name: str, timeout: float) -> int:
@@ -281,6 +326,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     progress = _check(*api.call("GET", "/v1/progress"))
     shapes = _check(*api.call("GET", "/v1/shapes"))["shapes"]
     ready = _check(*api.call("GET", "/readyz"), ok=(200, 503))
+    if args.output == "json":
+        print(
+            json.dumps(
+                {"url": api.url, "ready": ready, "progress": progress, "shapes": shapes}, indent=2
+            )
+        )
+        return 0
     pg = progress.get("postgres") or {}
     verdict = "ready" if ready["ready"] else "NOT READY"
     waiting = [s["name"] for s in shapes if not s.get("ready")]
@@ -358,22 +410,98 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    from tidemark import read
     from tidemark.errors import SinkError
     from tidemark.sink.root import root_format
-    from tidemark.spark import build_session
 
     settings = _settings(args)
     root = args.root or settings.sink.root
     as_of = int(Lsn.parse(args.as_of)) if args.as_of else None
     # the root's format as the service recorded it (the catalog's password: from here)
     tables = root_format(root, settings.iceberg.catalog_uri or None)
-    if not tables.changelog(root, args.shape).exists():  # say so before Spark's JVM starts
+    if not tables.changelog(root, args.shape).exists():  # say so before anything starts
         raise SinkError(
             f"shape '{args.shape}' has no table under {root}: is the name right, and has "
             "tidemark committed anything for it yet?"
         )
-    cfg = settings.spark  # the configured Spark: local, a cluster, or Spark Connect
+    if args.spark:
+        rows = _read_with_spark(args, settings, root, as_of, tables)
+    else:
+        rows = _read_arrow(args, root, as_of, tables)
+    limit = args.limit if args.limit is not None else (50 if args.format == "text" else 0)
+    total = rows.num_rows
+    shown = rows.slice(0, limit) if limit else rows
+    if args.format != "text":
+        _write_rows(shown, args.format, args.out)
+        if args.out:
+            print(f"{shown.num_rows} row(s) written to {args.out} ({args.format})")
+        return 0
+    columns = shown.column_names
+    values = [["NULL" if r[c] is None else str(r[c]) for c in columns] for r in shown.to_pylist()]
+    more = "" if shown.num_rows == total else f", {shown.num_rows} shown"
+    when = "" if as_of is None else f" as of {format_lsn(as_of)}"
+    text = f"{_table(values, columns)}\n\n{total} row(s){more}{when}\n"
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    """Every shape's tables under the sink root, read from the root itself (no service
+    needed): where they are, their versions, the LSN the current table holds."""
+    from tidemark import read
+    from tidemark.sink.root import root_format
+
+    settings = _settings(args)
+    root = args.root or settings.sink.root
+    tables = root_format(root, settings.iceberg.catalog_uri or None)
+    found = [read.describe_tables(root, shape, tables) for shape in read.shapes_at(root)]
+    if args.output == "json":
+        print(json.dumps(found, indent=2))
+        return 0
+    rows = [
+        [
+            t["shape"],
+            t["format"],
+            t["changelog"]["name"],
+            str(t["changelog"]["version"]),
+            t["current"]["name"] if t["current"] else "-",
+            str(t["current"]["version"]) if t["current"] else "-",
+            (t["current"] or {}).get("folded") or "-",
+            t["frontier"] or "-",
+        ]
+        for t in found
+    ]
+    header = ["shape", "format", "changelog", "version", "current", "version", "folded", "frontier"]
+    print(_table(rows, header))
+    print(f"\n{len(found)} shape(s) under {root}")
+    return 0
+
+
+def _read_arrow(args: argparse.Namespace, root: str, as_of: int | None, tables: Any) -> Any:
+    """The rows without Spark: pyarrow reads the snapshot's files, the fold is Arrow's."""
+    import pyarrow.compute as pc
+
+    from tidemark import read
+
+    if not args.changelog:
+        return read.arrow_current(root, args.shape, as_of, tables)
+    rows = read.arrow_changelog(root, args.shape, tables)
+    if as_of is not None:
+        rows = rows.filter(pc.less_equal(rows["_lsn"], as_of))
+    return rows.sort_by([("_lsn", "ascending"), ("_op", "ascending")])
+
+
+def _read_with_spark(
+    args: argparse.Namespace, settings: Any, root: str, as_of: int | None, tables: Any
+) -> Any:
+    """The rows through the configured Spark (local, a cluster, or Spark Connect)."""
+    from tidemark import read
+    from tidemark.spark import build_session
+
+    cfg = settings.spark
     spark = build_session(cfg.master, cfg.conf, "tidemark-read", cfg.remote)
     if args.changelog:
         frame = read.changelog(spark, root, args.shape, tables).orderBy("_lsn", "_op")
@@ -381,18 +509,29 @@ def cmd_read(args: argparse.Namespace) -> int:
             frame = frame.where(frame["_lsn"] <= as_of)
     else:
         frame = read.current(spark, root, args.shape, as_of, tables)
-    rows = frame.limit(args.limit).collect() if args.limit else frame.collect()
-    columns = frame.columns
-    print(
-        _table([[("NULL" if r[c] is None else str(r[c])) for c in columns] for r in rows], columns)
-    )
-    total = frame.count()
-    shown = len(rows)
-    print(
-        f"\n{total} row(s){'' if shown == total else f', {shown} shown'}"
-        f"{'' if as_of is None else f' as of {format_lsn(as_of)}'}"
-    )
-    return 0
+    return frame.toArrow()
+
+
+def _write_rows(rows: Any, fmt: str, out: str | None) -> None:
+    """CSV or Parquet, to a file or to stdout. CSV holds no nested values: arrays,
+    structs and maps are written as their JSON text."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    sink: Any = out if out is not None else sys.stdout.buffer
+    if fmt == "csv":
+        for i, field in enumerate(rows.schema):
+            if pa.types.is_nested(field.type):
+                text = [
+                    None if v is None else json.dumps(v, default=str) for v in rows[i].to_pylist()
+                ]
+                rows = rows.set_column(i, field.name, pa.array(text, pa.string()))
+        pacsv.write_csv(rows, sink)
+    else:
+        pq.write_table(rows, sink)
+    if out is None:
+        sys.stdout.buffer.flush()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -409,18 +548,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- the parser ----------------------------------------------------------------------------
 
 
+CONFIG_HELP = "settings file (default: $TIDEMARK_CONFIG or ./tidemark.toml)"
+
+
+def version() -> str:
+    """The installed package's version (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("tidemark")
+    except PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+        return "unknown"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidemark", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="settings file (default: $TIDEMARK_CONFIG or ./tidemark.toml)")
+    p.add_argument("--config", help=CONFIG_HELP)
+    p.add_argument("--version", action="version", version=f"tidemark {version()}")
+    # --config also after the subcommand (`tidemark run --config f`): SUPPRESS keeps the
+    # value given before it when it is not repeated
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("run", help="run the service").set_defaults(func=cmd_run)
+    sub.add_parser("run", help="run the service", parents=[common]).set_defaults(func=cmd_run)
 
-    config = sub.add_parser("config", help="settings")
+    config = sub.add_parser("config", help="settings", parents=[common])
     config_sub = config.add_subparsers(dest="action", required=True)
-    config_sub.add_parser("check", help="validate settings, source and shapes").set_defaults(
-        func=cmd_config_check
-    )
+    config_sub.add_parser(
+        "check", help="validate settings, source and shapes", parents=[common]
+    ).set_defaults(func=cmd_config_check)
 
     def api_args(q: argparse.ArgumentParser) -> None:
         q.add_argument(
@@ -428,10 +586,19 @@ def parser() -> argparse.ArgumentParser:
         )
         q.add_argument("--token", help="admin token (default from [http] admin_token)")
 
-    shapes = sub.add_parser("shapes", help="add, list, show, remove shapes")
+    def output_arg(q: argparse.ArgumentParser) -> None:
+        q.add_argument(
+            "-o",
+            "--output",
+            choices=("text", "json"),
+            default="text",
+            help="text for people (default), or the API's JSON for scripts",
+        )
+
+    shapes = sub.add_parser("shapes", help="add, list, show, remove shapes", parents=[common])
     shapes_sub = shapes.add_subparsers(dest="action", required=True)
-    add = shapes_sub.add_parser("add", help="add a shape")
-    add.add_argument("name")
+    add = shapes_sub.add_parser("add", help="add a shape", parents=[common])
+    add.add_argument("name", help="the shape's name (its tables' folder name)")
     add.add_argument("--table", required=True, help="schema.table")
     add.add_argument("--where", help="SQL predicate")
     add.add_argument(
@@ -439,42 +606,97 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated columns (primary key is always in); 'amount::numeric(18,4)' "
         "or 'x::text' declares a column's lake type",
     )
-    add.add_argument("--replica", choices=["default", "full"])
+    add.add_argument(
+        "--replica",
+        choices=["default", "full"],
+        help="full: require REPLICA IDENTITY FULL on the table (default: only when the "
+        "predicate reads columns outside the key)",
+    )
     add.add_argument("--wait", action="store_true", help="wait until the shape is ready")
-    add.add_argument("--timeout", type=positive_seconds, default=600.0)
-    for name in ("list", "show", "remove", "resync"):
-        q = shapes_sub.add_parser(name, help=f"{name} shape(s)")
+    add.add_argument(
+        "--timeout", type=positive_seconds, default=600.0, help="seconds --wait waits (600)"
+    )
+    verbs = {
+        "list": "list every shape",
+        "show": "show one shape (its API JSON)",
+        "remove": "remove a shape (its tables stay on disk)",
+        "resync": "rebuild a shape from a fresh snapshot",
+    }
+    for name, what in verbs.items():
+        q = shapes_sub.add_parser(name, help=what, parents=[common])
         if name != "list":
-            q.add_argument("name")
+            q.add_argument("name", help="the shape's name")
+        if name in ("list", "show"):
+            output_arg(q)
         if name == "resync":
             q.add_argument("--wait", action="store_true", help="wait until the shape is ready")
-            q.add_argument("--timeout", type=positive_seconds, default=600.0)
+            q.add_argument(
+                "--timeout",
+                type=positive_seconds,
+                default=600.0,
+                help="seconds --wait waits (600)",
+            )
     for q in [add, *(shapes_sub.choices[n] for n in ("list", "show", "remove", "resync"))]:
         api_args(q)
     shapes.set_defaults(func=cmd_shapes)
 
-    status = sub.add_parser("status", help="acknowledged LSNs, Postgres's view, frontiers")
+    status = sub.add_parser(
+        "status", help="acknowledged LSNs, Postgres's view, frontiers", parents=[common]
+    )
     api_args(status)
+    output_arg(status)
     status.set_defaults(func=cmd_status)
 
-    wait = sub.add_parser("wait", help="wait until an LSN is replayed (and in a shape)")
-    wait.add_argument("--lsn", required=True, type=lsn_text)
-    wait.add_argument("--shape")
-    wait.add_argument("--timeout", type=wait_seconds, default=60.0)
+    wait = sub.add_parser(
+        "wait", help="wait until an LSN is replayed (and in a shape)", parents=[common]
+    )
+    wait.add_argument(
+        "--lsn", required=True, type=lsn_text, help="the LSN, e.g. from pg_current_wal_lsn()"
+    )
+    wait.add_argument("--shape", help="also wait until this shape's frontier reaches it")
+    wait.add_argument(
+        "--timeout", type=wait_seconds, default=60.0, help="seconds, at most 300 (60)"
+    )
     api_args(wait)
     wait.set_defaults(func=cmd_wait)
 
-    read = sub.add_parser("read", help="print a shape's rows from the lake (Spark)")
-    read.add_argument("shape")
+    read = sub.add_parser(
+        "read", help="a shape's rows from the lake, without Spark", parents=[common]
+    )
+    read.add_argument("shape", help="the shape's name")
     read.add_argument(
         "--as-of", type=lsn_text, help="LSN to read as of (default: everything committed)"
     )
     read.add_argument("--root", help="sink root (default from [sink] root)")
-    read.add_argument("--limit", type=count, default=50, help="rows to print (0: all)")
+    read.add_argument(
+        "--limit", type=count, help="rows to show (0: all; default: 50 as text, all otherwise)"
+    )
     read.add_argument("--changelog", action="store_true", help="every change, not the state")
+    read.add_argument(
+        "--format",
+        choices=("text", "csv", "parquet"),
+        default="text",
+        help="text (a table for people, default), csv or parquet",
+    )
+    read.add_argument("--out", help="write to this file (default: stdout)")
+    read.add_argument(
+        "--spark",
+        action="store_true",
+        help="read through the configured [spark] (a cluster, Spark Connect) instead of "
+        "pyarrow in this process",
+    )
     read.set_defaults(func=cmd_read)
 
-    demo = sub.add_parser("demo", help="embedded Postgres + Spark local, with a workload")
+    tables_cmd = sub.add_parser(
+        "tables", help="every shape's tables under the sink root", parents=[common]
+    )
+    tables_cmd.add_argument("--root", help="sink root (default from [sink] root)")
+    output_arg(tables_cmd)
+    tables_cmd.set_defaults(func=cmd_tables)
+
+    demo = sub.add_parser(
+        "demo", help="embedded Postgres + Spark local, with a workload", parents=[common]
+    )
     demo.add_argument("--duration", type=duration, default=45.0, help="seconds (0: until Ctrl-C)")
     demo.add_argument("--data", default="./demo-data", help="where the tables go")
     demo.add_argument("--port", type=port, default=8765, help="HTTP API port (0: any free)")

@@ -71,7 +71,7 @@ async def run_checks(settings: Settings) -> list[Check]:
             Check(
                 "replication role",
                 can,
-                "role has REPLICATION"
+                "role may replicate (REPLICATION, a superuser, or rds_replication on RDS)"
                 if can
                 else f"role {conn.info.user} lacks REPLICATION: ALTER ROLE "
                 f"{conn.info.user} REPLICATION;",

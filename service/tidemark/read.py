@@ -1,11 +1,14 @@
-"""Reading shape tables with plain Spark: the changelog, and the state as of an LSN.
+"""Reading shape tables: the changelog, and the state as of an LSN; with plain Spark,
+or without Spark into Arrow (``arrow_changelog``, ``arrow_current``, ``arrow_snapshot``:
+for pandas, Polars and DuckDB users, and ``tidemark read``).
 
 Works without the table format's Spark connector: the table format
 (``tidemark.sink.port``; Delta: ``deltalake``, Iceberg: ``pyiceberg``) names the
 snapshot's files and Spark reads exactly those as Parquet. (With the Delta or Iceberg
 Spark jar, Spark reads the tables natively; the fold applies the same way.)
 
-The fold ("current state as of LSN L") is ``tidemark.sink.fold``.
+The fold ("current state as of LSN L") is ``tidemark.sink.fold`` (Spark) and
+``tidemark.sink.fold_arrow`` (Arrow), the same rules.
 
 ``snapshot(shapes, as_of)`` folds several shapes at one LSN and refuses an LSN
 beyond any requested shape's frontier (``_tidemark/frontiers.json``), so a
@@ -31,11 +34,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 
 from tidemark.errors import SinkError
 from tidemark.lsn import format_lsn
 from tidemark.sink import TableFormat
 from tidemark.sink.fold import fold, fold_onto, snapshot_rows
+from tidemark.sink.fold_arrow import fold_arrow, fold_arrow_onto
 from tidemark.sink.frontiers import load_frontiers
 from tidemark.sink.root import root_format
 from tidemark.sink.schema import LSN, current_schema, spark_schema
@@ -90,6 +100,122 @@ def current(
         tail = tail.where(F.col(LSN) <= F.lit(as_of))
     state = fold_onto(snapshot_rows(base_frame, frame.schema), tail, key)
     return state.select(*[F.col(f"`{f.name}`") for f in target])
+
+
+def arrow_changelog(root: str | Path, shape: str, tables: TableFormat | None = None) -> pa.Table:
+    """The shape's changelog as an Arrow table, read without Spark (every change row;
+    ``.to_pandas()``, ``polars.from_arrow``, or query it from DuckDB)."""
+    table = (tables or root_format(root)).changelog(root, shape)
+    if not table.exists():
+        raise SinkError(
+            f"shape '{shape}' has no table under {root}: is the name right, "
+            "and has tidemark committed anything for it yet?"
+        )
+    return _read_files(table.file_uris(), table.arrow_schema())
+
+
+def arrow_current(
+    root: str | Path,
+    shape: str,
+    as_of: int | None = None,
+    tables: TableFormat | None = None,
+) -> pa.Table:
+    """The shape's rows as of ``as_of`` (default: everything committed) as an Arrow
+    table, without Spark: the current table where one holds the state at or before
+    ``as_of``, with the changelog rows after it folded on (as ``current`` does)."""
+    if as_of is not None:
+        _check_after_snapshot(root, shape, as_of)
+    tables = tables or root_format(root)
+    table = tables.changelog(root, shape)
+    changes = arrow_changelog(root, shape, tables)
+    key = table.primary_key()
+    start = tables.current_base(root, table, as_of)
+    if start is None:
+        return fold_arrow(changes, key, as_of)
+    files, lsn = start
+    base = _read_files(files, current_schema(table.arrow_schema(), key))
+    after = pc.greater(changes[LSN], pa.scalar(lsn, pa.int64()))
+    if as_of is not None:
+        after = pc.and_(after, pc.less_equal(changes[LSN], pa.scalar(as_of, pa.int64())))
+    return fold_arrow_onto(base, changes.filter(after), key)
+
+
+def arrow_snapshot(
+    root: str | Path, shapes: Sequence[str], as_of: int, tables: TableFormat | None = None
+) -> dict[str, pa.Table]:
+    """Every shape as of one LSN, as Arrow tables; refuses an LSN beyond any shape's
+    frontier (as ``snapshot``)."""
+    _check_frontiers(root, shapes, as_of)
+    tables = tables or root_format(root)
+    return {shape: arrow_current(root, shape, as_of, tables) for shape in shapes}
+
+
+def describe_tables(
+    root: str | Path, shape: str, tables: TableFormat | None = None
+) -> dict[str, Any]:
+    """Where a shape's tables are and what they hold, for pointing an engine at them:
+    the format; the changelog's folder, name (Delta: its folder; Iceberg: its catalog
+    name), newest version (Delta) or snapshot id (Iceberg), files, schema and primary
+    key; the current table's, with the LSN its newest refresh folded through (None
+    before the first refresh); and the shape's frontier."""
+    tables = tables or root_format(root)
+    table = tables.changelog(root, shape)
+    if not table.exists():
+        raise SinkError(
+            f"shape '{shape}' has no table under {root}: is the name right, "
+            "and has tidemark committed anything for it yet?"
+        )
+    view = table.view()
+    state = tables.current(root, shape)
+    pinned = state.pinned() if state.exists() else None
+    point = None if pinned is None else pinned.point
+    frontier = frontier_of(root, shape)
+    return {
+        "shape": shape,
+        "format": tables.name,
+        "frontier": None if frontier is None else format_lsn(frontier),
+        "changelog": {
+            "path": str(table.path),
+            "name": table.name,
+            "version": view.version,
+            "generation": view.generation,
+            "files": len(view.files),
+            "primary_key": list(view.primary_key),
+            "schema": [{"name": f.name, "type": str(f.type)} for f in view.schema],
+        },
+        "current": None
+        if pinned is None
+        else {
+            "path": str(state.path),
+            "name": state.name,
+            "version": pinned.version,
+            "folded": None if point is None else format_lsn(point.lsn),
+        },
+    }
+
+
+def shapes_at(root: str | Path) -> list[str]:
+    """The shapes that have a changelog folder under ``root``."""
+    folder = Path(root) / "tables"
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("_"))
+
+
+def _read_files(uris: Sequence[str], schema: pa.Schema) -> pa.Table:
+    """Parquet files (URIs or paths) read as one table of ``schema``: a column a file
+    lacks (added later) reads as NULL."""
+    if not uris:
+        return schema.empty_table()
+    parsed = urlparse(uris[0])
+    if parsed.scheme in ("", "file"):
+        paths = [unquote(urlparse(u).path) if u.startswith("file:") else u for u in uris]
+        filesystem: pafs.FileSystem = pafs.LocalFileSystem()
+    else:
+        filesystem, _ = pafs.FileSystem.from_uri(uris[0])
+        paths = [pafs.FileSystem.from_uri(u)[1] for u in uris]
+    found = pads.dataset(paths, schema=schema, format="parquet", filesystem=filesystem)
+    return found.to_table()
 
 
 def _check_after_snapshot(root: str | Path, shape: str, as_of: int) -> None:
@@ -209,11 +335,16 @@ def versions_at(
 
 
 __all__ = [
+    "arrow_changelog",
+    "arrow_current",
+    "arrow_snapshot",
     "changelog",
     "current",
+    "describe_tables",
     "fold",
     "fold_onto",
     "frontier_of",
+    "shapes_at",
     "snapshot",
     "snapshot_rows",
     "versions_at",

@@ -13,9 +13,8 @@ from typing import Any
 
 import duckdb
 
+from tests.fold_cases import fold_model
 from tidemark.verify import normalise
-
-from .sink_support import fold_model
 
 
 def duck() -> duckdb.DuckDBPyConnection:
@@ -43,7 +42,7 @@ def metadata_location(root: Path, namespace: str, name: str) -> str:
     return str(row[0])
 
 
-def _records(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+def records(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
     cursor = con.execute(sql)
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -53,10 +52,10 @@ def changelog_rows(reader: str, root: Path, shape: str, table_format: str) -> li
     """A shape's changelog rows as ``reader`` (duckdb, pyiceberg, polars) reads them."""
     if table_format == "delta":
         assert reader == "duckdb"
-        return _records(duck(), f"select * from delta_scan('{root / 'tables' / shape}')")
+        return records(duck(), f"select * from delta_scan('{root / 'tables' / shape}')")
     location = metadata_location(root, "tidemark", shape)
     if reader == "duckdb":
-        return _records(duck(), f"select * from iceberg_scan('{location}')")
+        return records(duck(), f"select * from iceberg_scan('{location}')")
     if reader == "pyiceberg":
         from pyiceberg.table import StaticTable
 
@@ -70,9 +69,9 @@ def changelog_rows(reader: str, root: Path, shape: str, table_format: str) -> li
 def current_rows(reader: str, root: Path, shape: str, table_format: str) -> list[dict[str, Any]]:
     """A shape's current-state table as ``reader`` reads its newest version."""
     if table_format == "delta":
-        return _records(duck(), f"select * from delta_scan('{root / 'current' / shape}')")
+        return records(duck(), f"select * from delta_scan('{root / 'current' / shape}')")
     location = metadata_location(root, "tidemark_current", shape)
-    return _records(duck(), f"select * from iceberg_scan('{location}')")
+    return records(duck(), f"select * from iceberg_scan('{location}')")
 
 
 def folded(rows: Sequence[dict[str, Any]], key: Sequence[str]) -> frozenset[tuple[Any, ...]]:

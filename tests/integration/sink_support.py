@@ -82,28 +82,3 @@ def rows_of(table: ChangelogTable) -> list[dict[str, object]]:
 
     dt = DeltaTable(table.uri)
     return dt.to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
-
-
-def fold_model(
-    rows: Sequence[dict[str, object]], key: Sequence[str], as_of: int | None = None
-) -> dict[tuple[object, ...], dict[str, object]]:
-    """The fold, written plainly (for comparison with tidemark.read.fold)."""
-    ordered = sorted(
-        (r for r in rows if as_of is None or int(r["_lsn"]) <= as_of),  # type: ignore[call-overload]
-        key=lambda r: (r["_kind"] != "snapshot", r["_lsn"], r["_op"]),
-    )
-    state: dict[tuple[object, ...], dict[str, object]] = {}
-    for r in ordered:
-        kind = r["_kind"]
-        if kind == "truncate":
-            state.clear()
-            continue
-        k = tuple(r[c] for c in key)
-        if kind == "delete":
-            state.pop(k, None)
-            continue
-        values = {c: v for c, v in r.items() if not c.startswith("_")}
-        for c in r.get("_unchanged") or []:  # type: ignore[attr-defined]
-            values[c] = state.get(k, {}).get(c)
-        state[k] = values
-    return state

@@ -39,6 +39,16 @@ async def call(
             return r.status, text
 
 
+def json_of(out: str) -> Any:
+    """The JSON document a command printed; the running service's log lines may be
+    captured around it (they share the test's stdout)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line in ("[", "{", "[]", "{}"))
+    closing = {"[": "]", "{": "}"}.get(lines[start], lines[start])
+    end = next(i for i in range(start, len(lines)) if lines[i] == closing)
+    return json.loads("\n".join(lines[start : end + 1]))
+
+
 async def test_the_api_serves_health_shapes_progress_and_waits(
     pg_db: PgDatabase,
     spark,
@@ -158,6 +168,33 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
         assert code == 0 and "t_one" in out
         code, out = await asyncio.to_thread(run, "shapes", "list", "--url", url)
         assert code == 0 and "t_one" in out and "id = 1" in out
+        # -o json: the API's JSON, for scripts
+        code, out = await asyncio.to_thread(run, "shapes", "list", "-o", "json", "--url", url)
+        assert code == 0
+        assert {s["name"]: s["where"] for s in json_of(out)}["t_one"] == "id = 1"
+        code, out = await asyncio.to_thread(
+            run, "shapes", "show", "t_one", "-o", "json", "--url", url
+        )
+        shown = json_of(out)
+        assert code == 0 and shown["table"] == "public.t"
+        # where its tables are, to point an engine at them
+        assert shown["tables"]["changelog"]["path"] == str(tmp_path / "tables" / "t_one")
+        assert shown["tables"]["format"] == "delta"
+        assert shown["tables"]["changelog"]["primary_key"] == ["id"]
+        code, out = await asyncio.to_thread(run, "shapes", "show", "t_one", "--url", url)
+        lines = {line.split("  ")[0]: line.split()[-1] for line in out.splitlines() if "  " in line}
+        assert code == 0 and lines["primary key"] == "id" and "changelog" in lines
+        code, out = await asyncio.to_thread(run, "tables", "--root", str(tmp_path), "-o", "json")
+        listed = {found["shape"]: found for found in json_of(out)}
+        assert code == 0 and {"t_all", "t_one"} <= set(listed)
+        assert listed["t_all"]["changelog"]["version"] >= 1
+        code, out = await asyncio.to_thread(run, "tables", "--root", str(tmp_path))
+        assert code == 0 and "t_all" in out and "shape(s) under" in out
+        code, out = await asyncio.to_thread(run, "status", "--output", "json", "--url", url)
+        status = json_of(out)
+        assert code == 0 and status["url"] == url and "flushed" in status["progress"]
+        assert {s["name"] for s in status["shapes"]} >= {"t_all", "t_one"}
+        assert status["ready"]["ready"] in (True, False)
         code, out = await asyncio.to_thread(
             run,
             "shapes",
@@ -180,6 +217,35 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
         assert code == 0 and "rebuilt" in out and "t_all is ready" in out
         code, out = await asyncio.to_thread(run, "read", "t_all", "--root", str(tmp_path))
         assert code == 0 and "one" in out and "two" in out and "2 row(s)" in out
+        # without Spark by default; through the configured Spark on request; as CSV and
+        # Parquet files
+        code, out = await asyncio.to_thread(
+            run, "read", "t_all", "--root", str(tmp_path), "--spark"
+        )
+        assert code == 0 and "one" in out and "two" in out and "2 row(s)" in out
+        csv_file, parquet_file = tmp_path / "t_all.csv", tmp_path / "t_all.parquet"
+        code, out = await asyncio.to_thread(
+            run, "read", "t_all", "--root", str(tmp_path), "--format", "csv", "--out", str(csv_file)
+        )
+        assert code == 0 and "2 row(s) written" in out
+        lines = csv_file.read_text().splitlines()
+        assert lines[0].split(",")[:2] == ['"id"', '"v"'] and len(lines) == 3
+        code, out = await asyncio.to_thread(
+            run,
+            "read",
+            "t_all",
+            "--root",
+            str(tmp_path),
+            "--changelog",
+            "--format",
+            "parquet",
+            "--out",
+            str(parquet_file),
+        )
+        import pyarrow.parquet as pq
+
+        changes = pq.read_table(parquet_file)
+        assert code == 0 and changes.num_rows >= 2 and "_lsn" in changes.column_names
         code, out = await asyncio.to_thread(
             run, "wait", "--lsn", str(Lsn(target + 10**12)), "--timeout", "0.5", "--url", url
         )

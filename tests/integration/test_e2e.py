@@ -13,7 +13,14 @@ import pytest
 from tidemark.verify import compare_shape, normalise
 
 from .conftest import PgDatabase
-from .outside_readers import changelog_rows, current_rows, folded, metadata_location
+from .outside_readers import (
+    changelog_rows,
+    current_rows,
+    folded,
+    metadata_location,
+    plain,
+    records,
+)
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
 
 SCHEMA = """
@@ -221,6 +228,27 @@ async def test_every_table_time_travelled_to_the_versions_at_one_lsn_equals_post
         rows = [r | {"_kind": "snapshot", "_op": 0} for r in base]
         rows += [r for r in upto if int(r["_lsn"]) > found.current_lsn]  # type: ignore[call-overload]
         assert folded(rows, ["id"]) == expected, (shape, found.how())
+    # the same reads without Spark (``tidemark.read.arrow_*``): as of the LSN (each
+    # current table's refresh there plus the changelog after it), and now; and the Arrow
+    # tables handed to pandas, Polars and DuckDB as their users would
+    import duckdb
+    import polars as pl
+
+    arrow_then = read.arrow_snapshot(tmp_path, list(TRUTH), at)
+    with psycopg.connect(pg_db.dsn) as conn:
+        for shape, query in TRUTH.items():
+            assert plain(arrow_then[shape].to_pylist()) == then[shape], shape
+            state = read.arrow_current(tmp_path, shape)
+            now = frozenset(tuple(map(normalise, r)) for r in conn.execute(query))
+            assert plain(state.to_pylist()) == now, shape
+            frame = state.to_pandas()  # (pandas turns NULL integers into NaN floats)
+            assert sorted(frame["id"].tolist()) == sorted(r[0] for r in now), shape
+            assert plain(pl.from_arrow(state).to_dicts()) == now, shape  # type: ignore[union-attr]
+            con = duckdb.connect()
+            con.register("state", state)
+            assert plain(records(con, "select * from state")) == now, shape
+            changes = read.arrow_changelog(tmp_path, shape)
+            assert folded(changes.to_pylist(), ["id"]) == now, shape
 
 
 def rows_of_newest(root: Path, shape: str, table_format: str) -> list[dict[str, object]]:

@@ -12,88 +12,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
+from tests.fold_cases import SCHEMA, cases, fold_model, simulate
 from tidemark import read
-
-from .sink_support import fold_model
-
-SCHEMA = pa.schema(
-    [
-        ("case", pa.int32()),
-        ("id", pa.int32()),
-        ("a", pa.string()),
-        ("big", pa.string()),
-        ("_lsn", pa.int64()),
-        ("_op", pa.int32()),
-        ("_kind", pa.string()),
-        ("_unchanged", pa.list_(pa.string())),
-    ]
-)
-
-ops = st.lists(
-    st.tuples(
-        st.sampled_from(["insert", "update", "update_toast", "delete", "rekey", "truncate"]),
-        st.integers(0, 6),  # key
-        st.integers(0, 6),  # new key (rekey)
-        st.text(alphabet="xyz", max_size=3) | st.none(),  # value (None = SQL NULL)
-    ),
-    max_size=25,
-)
-
-
-def simulate(
-    case: int,
-    snapshot_keys: list[int],
-    script: list[tuple[str, int, int, str | None]],
-    txn_size: int,
-):  # type: ignore[no-untyped-def]
-    """Rows of the changelog, and the source state after each transaction."""
-    state: dict[int, tuple[str | None, str | None]] = {}
-    rows = []
-    lsn = 1000
-    for op, k in enumerate(snapshot_keys):
-        state[k] = (f"s{k}", f"B{k}")
-        rows.append((case, k, f"s{k}", f"B{k}", lsn, op, "snapshot", None))
-    states = [(lsn, dict(state))]
-    for start in range(0, len(script), txn_size):
-        lsn += 100
-        for i, (kind, k, k2, v) in enumerate(script[start : start + txn_size]):
-            op = 2 * i  # as the collector numbers rows: change i -> 2i (and 2i + 1)
-            if kind == "insert" and k not in state:
-                state[k] = (v, f"B{v}")
-                rows.append((case, k, v, f"B{v}", lsn, op, "insert", None))
-            elif kind == "update" and k in state:
-                state[k] = (v, f"b{v}")
-                rows.append((case, k, v, f"b{v}", lsn, op, "update", None))
-            elif kind == "update_toast" and k in state:
-                state[k] = (v, state[k][1])  # big unchanged: not sent
-                rows.append((case, k, v, None, lsn, op, "update", ["big"]))
-            elif kind == "delete" and k in state:
-                del state[k]
-                rows.append((case, k, None, None, lsn, op, "delete", None))
-            elif kind == "rekey" and k in state and k2 not in state:
-                old = state.pop(k)
-                state[k2] = old
-                rows.append((case, k, None, None, lsn, op, "delete", None))
-                rows.append((case, k2, old[0], old[1], lsn, op + 1, "insert", None))
-            elif kind == "truncate":
-                state.clear()
-                rows.append((case, None, None, None, lsn, op, "truncate", None))
-        states.append((lsn, dict(state)))
-    return rows, states
-
-
-cases = st.lists(
-    st.tuples(
-        st.lists(st.integers(0, 6), unique=True, max_size=4),
-        ops,
-        st.integers(1, 4),
-        st.integers(0, 30),
-    ),
-    min_size=1,
-    max_size=12,
-)
 
 
 @settings(max_examples=15, deadline=None)

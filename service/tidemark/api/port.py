@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tidemark.replication.monitor import ReplicationMonitor, Violation
     from tidemark.shapes.model import ShapeDefinition
     from tidemark.shapeset import ShapeStatus
+    from tidemark.sink.port import TableFormat
     from tidemark.stalls import Stall
     from tidemark.upkeep import CurrentKeeper
     from tidemark.writers.scheduler import FlushScheduler
@@ -52,6 +53,7 @@ class ServiceView(Protocol):
     client: ReplicationClient | None
     monitor: ReplicationMonitor | None
     last_commit_at: dict[str, float]  # shape -> wall time of its last commit
+    tables: TableFormat  # the sink root's table format
 
     @property
     def shapes(self) -> dict[str, ShapeStatus]: ...

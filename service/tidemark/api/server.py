@@ -148,7 +148,21 @@ async def show_shape(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in service.shapes:
         return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
-    return web.json_response(shape_json(service, name))
+    body = shape_json(service, name)
+    body["tables"] = await asyncio.to_thread(_tables_of, service, name)
+    return web.json_response(body)
+
+
+def _tables_of(service: ServiceView, name: str) -> dict[str, Any] | None:
+    """Where the shape's tables are (None before its first commit); read from the
+    tables themselves, so only for one shape at a time."""
+    from tidemark.errors import SinkError
+    from tidemark.read import describe_tables
+
+    try:
+        return describe_tables(service.settings.sink.root, name, service.tables)
+    except SinkError:
+        return None
 
 
 async def add_shape(request: web.Request) -> web.Response:

@@ -84,10 +84,21 @@ async def check_server(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> int
     return major
 
 
+# Amazon RDS and Aurora give replication through membership in this role, not the
+# REPLICATION attribute (their admin user cannot grant the attribute)
+RDS_REPLICATION = "rds_replication"
+
+
 async def role_can_replicate(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+    """The role may open replication connections: REPLICATION, a superuser, or (Amazon
+    RDS, Aurora) a member of ``rds_replication``."""
     row = await (
         await conn.execute(
-            "select rolreplication or rolsuper from pg_roles where rolname = current_user"
+            "select r.rolreplication or r.rolsuper or exists ("
+            " select 1 from pg_roles g where g.rolname = %s"
+            " and pg_has_role(current_user, g.oid, 'member'))"
+            " from pg_roles r where r.rolname = current_user",
+            (RDS_REPLICATION,),
         )
     ).fetchone()
     return bool(row and row[0])

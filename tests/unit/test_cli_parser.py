@@ -1,0 +1,75 @@
+"""The command line's surface: a version, --config on every subcommand, help text on
+every argument (the CLI reference is generated from it), and -o json where a script
+reads the output."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tidemark import cli
+
+
+def _commands(
+    p: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    found = [(path, p)]
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += _commands(child, (*path, name))
+    return found
+
+
+LEAVES = [
+    (path, p)
+    for path, p in _commands(cli.parser())
+    if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)
+]
+
+
+def test_version_names_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.parser().parse_args(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"tidemark {cli.version()}"
+    assert cli.version() != "unknown"
+
+
+@pytest.mark.parametrize("path", [p for p, _ in LEAVES], ids=" ".join)
+def test_every_subcommand_takes_config_before_or_after_it(path: tuple[str, ...]) -> None:
+    required = {
+        ("shapes", "add"): ["n", "--table", "t"],
+        ("shapes", "show"): ["n"],
+        ("shapes", "remove"): ["n"],
+        ("shapes", "resync"): ["n"],
+        ("wait",): ["--lsn", "0/1"],
+        ("read",): ["s"],
+    }.get(path, [])
+    after = cli.parser().parse_args([*path, *required, "--config", "after.toml"])
+    assert after.config == "after.toml"
+    before = cli.parser().parse_args(["--config", "before.toml", *path, *required])
+    assert before.config == "before.toml"  # not reset by the subcommand's own option
+    neither = cli.parser().parse_args([*path, *required])
+    assert neither.config is None
+
+
+def test_every_argument_has_help_text() -> None:
+    missing = [
+        f"{' '.join(path) or 'tidemark'} {action.dest}"
+        for path, p in _commands(cli.parser())
+        for action in p._actions
+        if not isinstance(action, argparse._SubParsersAction) and not action.help
+    ]
+    assert not missing, f"arguments without help: {missing}"
+
+
+@pytest.mark.parametrize(
+    "argv", [["status"], ["shapes", "list"], ["shapes", "show", "n"]], ids=" ".join
+)
+def test_output_is_text_by_default_and_json_on_request(argv: list[str]) -> None:
+    assert cli.parser().parse_args(argv).output == "text"
+    assert cli.parser().parse_args([*argv, "-o", "json"]).output == "json"
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args([*argv, "-o", "yaml"])
