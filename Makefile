@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup java prometheus fuse test test-fast test-integration lint demo bench clean jvm
+.PHONY: setup java prometheus fuse test test-fast test-integration lint demo bench clean jvm docs
 
 setup: java prometheus fuse $(STAMP)
 
@@ -87,6 +87,10 @@ demo: setup
 bench: setup
 	$(PY) -m bench
 
+# The docs site from docs/ (mkdocs, strict: a broken link or anchor fails) into site/.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # tidemark's Java classes (service/tidemark/jvm/*.java) into the
 # committed jar beside it. Needs a JDK (javac, jar); running tidemark needs only a JRE.
 JVM_DIR := service/tidemark/jvm
@@ -97,4 +101,4 @@ jvm: setup
 	@rm -rf build/jvm
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo-data site .pytest_cache .mypy_cache .ruff_cache

@@ -1,5 +1,5 @@
 """``make bench`` section ``takeover``: how long a standby needs to take over a
-SIGKILLed leader (README: High availability), measured ``tries`` times.
+SIGKILLed leader (docs/guides/high-availability.md), measured ``tries`` times.
 
 Two ``tidemark run`` processes with one configuration (HTTP ports apart) on an
 embedded PostgreSQL 16 and one sink root, 2 shapes, a steady trickle of inserts

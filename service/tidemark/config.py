@@ -467,8 +467,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(
-            f"config file {path} is not valid TOML: {exc}. The format is in README.md "
-            "(Configuration); a section header is [name], a value is key = value"
+            f"config file {path} is not valid TOML: {exc}. The format is in the docs "
+            "(docs/reference/configuration.md); a section header is [name], a value is key = value"
         ) from None
 
 

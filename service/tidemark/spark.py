@@ -153,7 +153,7 @@ def in_background(spark: Any, call: Callable[..., T], /, *args: Any, **kwargs: A
     """``call(*args, **kwargs)`` with the Spark jobs it starts in ``BACKGROUND_POOL``, so
     a stream flush's tasks go first (``FAIR_POOLS``). The pool is a property of the
     calling thread (give this to ``asyncio.to_thread``), reset after. Spark Connect:
-    no change (the server's scheduler decides; see the README)."""
+    no change (the server's scheduler decides; see docs/guides/spark-connect.md)."""
     if is_connect(spark):
         return call(*args, **kwargs)
     context = spark.sparkContext
