@@ -24,6 +24,7 @@ SECTIONS = (
     "e2e-small",
     "e2e-wide",
     "parquet",
+    "metrics",
     "shapes",
     "streamed",
     "backfill",
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import parquet_bench
 
             parquet_bench.main(args.rows)
+        elif section == "metrics":
+            from bench import metrics_bench
+
+            metrics_bench.main()
         elif section == "shapes":
             from bench import shapes_bench
 

@@ -108,7 +108,7 @@ class Service:
                 meaning="acknowledged transactions can be lost for good by a power loss",
             )
         self.config_path = config_path  # what reload() reads (None: $TIDEMARK_CONFIG or ./)
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or Metrics(per_shape=settings.metrics.per_shape)
         self.spark = spark
         self.phase = "starting"
         self.started_at = time.time()
@@ -187,12 +187,14 @@ class Service:
     async def remove_shape(self, name: str) -> None:
         self.shapeset.remove(name)
         for metric in (
-            self.metrics.shape_frontier_lsn,
+            self.metrics.shape_lag_bytes,
+            self.metrics.shape_lag_seconds,
             self.metrics.shape_pending_rows,
             self.metrics.shape_pending_bytes,
             self.metrics.shape_stalled,
-            self.metrics.shape_committed_lsn,
-            self.metrics.shape_lag_bytes,
+            self.metrics.shape_failing,
+            self.metrics.changes,
+            self.metrics.commits,
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(name)
@@ -715,8 +717,9 @@ class Service:
             self.keeper.on_commit(result.shape, result.rows)
         self.metrics.commits.labels(result.shape).inc()
         self.metrics.commit_duration.observe(result.write_seconds + result.commit_seconds)
+        self.metrics.changes.labels(result.shape).inc(sum(result.kinds.values()))
         for kind, count in result.kinds.items():
-            self.metrics.changes.labels(result.shape, kind).inc(count)
+            self.metrics.changes_by_kind.labels(kind).inc(count)
         self._frontiers_dirty = True
 
     def _write_frontiers(self) -> None:
@@ -794,7 +797,7 @@ class Service:
                     if self.keeper is not None:
                         await self.keeper.maintain(name)
                 except Exception as exc:  # upkeep must never stop the stream
-                    self.metrics.maintenance_failures.labels(name).inc()
+                    self.metrics.maintenance_failures.inc()
                     log.warning(
                         "maintenance.failed",
                         shape=name,

@@ -7,6 +7,13 @@ string that looks like a DSN with a password is redacted before it is written.
 Metrics (prometheus-client, one registry per service) are named
 ``tidemark_<what>_<unit>``. Positions are exported as numbers (LSNs fit a float
 exactly up to 2^53, i.e. 8 PiB of WAL); lags in bytes and seconds.
+
+A scrape stays small at 1000 shapes: every per-shape family has one series per shape
+(``PER_SHAPE``, at most 12 a shape), no ``_created`` series, and what a shape needs
+only on demand (its frontier, its tables' files) is in the API, not in per-shape
+series: the metrics keep per-shape lag in bytes and seconds and, across shapes, the
+worst table's files. ``[metrics] per_shape = false`` drops the per-shape families for
+deployments that chart the totals only.
 """
 
 from __future__ import annotations
@@ -17,9 +24,20 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
 from tidemark.conninfo import redact_dsn
+
+# one ``_created`` series per counter and label set doubles the counters' series for
+# nothing a dashboard or alert uses
+disable_created_metrics()
 
 
 def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -55,11 +73,60 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-class Metrics:
-    """Every metric tidemark exports, in one registry."""
+class _Off:
+    """A per-shape family switched off (``[metrics] per_shape = false``): every call a
+    no-op, so the code that keeps it need not ask."""
 
-    def __init__(self) -> None:
+    def labels(self, *_: Any) -> _Off:
+        return self
+
+    def set(self, _: float) -> None:
+        pass
+
+    def inc(self, _: float = 1) -> None:
+        pass
+
+    def remove(self, *_: Any) -> None:
+        pass
+
+
+OFF: Any = _Off()
+
+
+class Metrics:
+    """Every metric tidemark exports, in one registry. ``per_shape``: whether the
+    families labelled by shape exist (``PER_SHAPE``)."""
+
+    PER_SHAPE = (
+        "tidemark_shape_lag_bytes",
+        "tidemark_shape_lag_seconds",
+        "tidemark_shape_pending_rows",
+        "tidemark_shape_pending_bytes",
+        "tidemark_shape_stalled",
+        "tidemark_shape_failing",
+        "tidemark_changes_total",
+        "tidemark_commits_total",
+        "tidemark_current_lag_bytes",
+        "tidemark_current_lag_seconds",
+        "tidemark_current_refreshes_total",
+        "tidemark_current_refresh_failures_total",
+    )
+
+    def __init__(self, per_shape: bool = True, version: str = "") -> None:
         r = self.registry = CollectorRegistry()
+        self.per_shape = per_shape
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, fds
+
+        def by_shape(kind: Any, name: str, documentation: str) -> Any:
+            return kind(name, documentation, ["shape"], registry=r) if per_shape else OFF
+
+        self.build_info = Gauge(
+            "tidemark_build_info",
+            "1, labelled with tidemark's version and its Python and pyspark versions",
+            ["version", "python", "pyspark"],
+            registry=r,
+        )
+        self.build_info.labels(version or _version(), _python(), _pyspark()).set(1)
         # positions
         self.received_lsn = Gauge("tidemark_received_lsn", "Last WAL position received", registry=r)
         self.flushed_lsn = Gauge(
@@ -104,53 +171,46 @@ class Metrics:
             registry=r,
         )
         # shapes
-        self.shape_frontier_lsn = Gauge(
-            "tidemark_shape_frontier_lsn",
-            "LSN up to which a shape is complete",
-            ["shape"],
-            registry=r,
+        self.shape_lag_bytes = by_shape(
+            Gauge, "tidemark_shape_lag_bytes", "Received LSN minus a shape's frontier"
         )
-        self.shape_committed_lsn = Gauge(
-            "tidemark_shape_committed_lsn",
-            "End LSN of a shape's last commit",
-            ["shape"],
-            registry=r,
+        self.shape_lag_seconds = by_shape(
+            Gauge,
+            "tidemark_shape_lag_seconds",
+            "How long the oldest received transaction past a shape's frontier has waited",
         )
-        self.shape_lag_bytes = Gauge(
-            "tidemark_shape_lag_bytes",
-            "Received LSN minus a shape's frontier",
-            ["shape"],
-            registry=r,
+        self.shape_pending_rows = by_shape(
+            Gauge, "tidemark_shape_pending_rows", "Rows buffered for a shape, not yet committed"
         )
-        self.shape_pending_rows = Gauge(
-            "tidemark_shape_pending_rows",
-            "Rows buffered for a shape, not yet committed",
-            ["shape"],
-            registry=r,
+        self.shape_pending_bytes = by_shape(
+            Gauge, "tidemark_shape_pending_bytes", "Bytes buffered for a shape, not yet committed"
         )
-        self.shape_pending_bytes = Gauge(
-            "tidemark_shape_pending_bytes",
-            "Bytes buffered for a shape, not yet committed",
-            ["shape"],
-            registry=r,
-        )
-        self.shape_stalled = Gauge(
+        self.shape_stalled = by_shape(
+            Gauge,
             "tidemark_shape_stalled",
             "1 when a shape holds the flush boundary past the grace period",
-            ["shape"],
+        )
+        self.shapes_stalled = Gauge(
+            "tidemark_shapes_stalled",
+            "Shapes holding the flush boundary past the grace period",
             registry=r,
         )
         self.shapes = Gauge("tidemark_shapes", "Shapes by state", ["state"], registry=r)
-        self.changes = Counter(
-            "tidemark_changes_total",
-            "Rows committed to shape tables",
-            ["shape", "kind"],
+        self.changes = by_shape(
+            Counter, "tidemark_changes_total", "Change rows committed to a shape's table"
+        )
+        self.changes_by_kind = Counter(
+            "tidemark_committed_changes_total",
+            "Change rows committed to shape tables, by kind (insert, update, delete, truncate)",
+            ["kind"],
             registry=r,
         )
-        self.commits = Counter("tidemark_commits_total", "Delta commits", ["shape"], registry=r)
+        self.commits = by_shape(
+            Counter, "tidemark_commits_total", "Stream commits to a shape's table"
+        )
         self.commit_duration = Histogram(
             "tidemark_commit_duration_seconds",
-            "Time to write and commit one batch (Spark job + Delta commit)",
+            "Time to write and commit one batch (Spark job and table commit)",
             buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
@@ -194,60 +254,54 @@ class Metrics:
         )
         self.maintenance_failures = Counter(
             "tidemark_maintenance_failures_total",
-            "Compactions or vacuums that failed (retried at the next round)",
-            ["shape"],
+            "Compactions or vacuums that failed (retried at the next round; the log names "
+            "the shape)",
             registry=r,
         )
         # current-state tables and table upkeep
-        self.current_refreshes = Counter(
+        self.current_refreshes = by_shape(
+            Counter,
             "tidemark_current_refreshes_total",
             "Refreshes of a shape's current-state table (changelog rows folded into it)",
-            ["shape"],
-            registry=r,
         )
-        self.current_refresh_failures = Counter(
+        self.current_refresh_failures = by_shape(
+            Counter,
             "tidemark_current_refresh_failures_total",
             "Refreshes of a current-state table that failed (tried again later)",
-            ["shape"],
-            registry=r,
         )
         self.current_refresh_seconds = Counter(
             "tidemark_current_refresh_seconds_total",
-            "Time spent refreshing a shape's current-state table (a refresh of several "
-            "shapes in one Spark job counts the whole job for each)",
-            ["shape"],
+            "Time spent refreshing current-state tables (a refresh of several shapes in one "
+            "Spark job counts once)",
             registry=r,
         )
-        self.current_lag_bytes = Gauge(
+        self.current_lag_bytes = by_shape(
+            Gauge,
             "tidemark_current_lag_bytes",
             "WAL between a shape's frontier and the LSN its current-state table is folded through",
-            ["shape"],
-            registry=r,
         )
-        self.current_lag_seconds = Gauge(
+        self.current_lag_seconds = by_shape(
+            Gauge,
             "tidemark_current_lag_seconds",
             "Age of the oldest committed change not yet folded into the current-state table",
-            ["shape"],
+        )
+        self.table_files_max = Gauge(
+            "tidemark_table_files_max",
+            "Active data files of the shape table with the most (table: changelog or "
+            "current; measured at each upkeep round; GET /v1/shapes/{name} has each's)",
+            ["table"],
             registry=r,
         )
-        self.table_files = Gauge(
-            "tidemark_table_files",
-            "Active data files of a shape's table (table: changelog or current)",
-            ["shape", "table"],
+        self.table_log_entries_max = Gauge(
+            "tidemark_table_log_entries_since_checkpoint_max",
+            "Delta log entries a reader replays after the newest checkpoint, in the shape "
+            "table with the most",
+            ["table"],
             registry=r,
         )
-        self.table_log_entries = Gauge(
-            "tidemark_table_log_entries_since_checkpoint",
-            "Delta log entries a reader replays after the newest checkpoint",
-            ["shape", "table"],
-            registry=r,
-        )
-        self.changelog_retained_lsn = Gauge(
-            "tidemark_changelog_retained_lsn",
-            "Changelog rows at or below this LSN were dropped by retention (0: none)",
-            ["shape"],
-            registry=r,
-        )
+        for kind in ("changelog", "current"):  # NaN until the first upkeep round measures
+            self.table_files_max.labels(kind).set(float("nan"))
+            self.table_log_entries_max.labels(kind).set(float("nan"))
         self.flush_failures = Counter(
             "tidemark_flush_failures_total",
             "Flush or staging jobs that failed (retried with backoff)",
@@ -258,10 +312,28 @@ class Metrics:
             "Backfills that failed (retried with backoff)",
             registry=r,
         )
-        self.shape_failing = Gauge(
+        self.shape_failing = by_shape(
+            Gauge,
             "tidemark_shape_failing",
             "1 while a shape's flushes or backfill fail (retried; see /v1/shapes)",
-            ["shape"],
+        )
+        # backfills: what runs, what waits, how far
+        self.backfills_running = Gauge(
+            "tidemark_backfills_running", "Backfills copying their snapshot now", registry=r
+        )
+        self.backfills_waiting = Gauge(
+            "tidemark_backfills_waiting",
+            "Shapes waiting for their backfill to start (a few run at a time)",
+            registry=r,
+        )
+        self.backfill_rows_done = Gauge(
+            "tidemark_backfill_rows_done",
+            "Rows the running backfills have copied from their snapshots",
+            registry=r,
+        )
+        self.backfill_rows_estimated = Gauge(
+            "tidemark_backfill_rows_estimated",
+            "Rows the running backfills' snapshots hold, as the catalog estimates them",
             registry=r,
         )
         self.claim_invalidations = Counter(
@@ -379,22 +451,38 @@ def refresh_metrics(service: Any) -> None:
         _set_counter(m.round_batches, scheduler.stats.round_shapes)
         _set_counter(m.spooled_bytes, scheduler.stats.spooled_bytes)
         _set_counter(m.flush_failures, scheduler.stats.job_failures)
-        for name, writer in scheduler.writers.items():
-            buf = writer.buffer
-            m.shape_pending_rows.labels(name).set(buf.ready_rows + buf.open_rows)
-            m.shape_pending_bytes.labels(name).set(buf.nbytes + writer.in_flight_bytes)
-            if writer.committed_lsn is not None:
-                m.shape_committed_lsn.labels(name).set(writer.committed_lsn)
-    for name, frontier in progress.frontiers.items():
-        m.shape_frontier_lsn.labels(name).set(frontier)
-        m.shape_lag_bytes.labels(name).set(max(0, progress.received_lsn - frontier))
+        if m.per_shape:
+            for name, writer in scheduler.writers.items():
+                buf = writer.buffer
+                m.shape_pending_rows.labels(name).set(buf.ready_rows + buf.open_rows)
+                m.shape_pending_bytes.labels(name).set(buf.nbytes + writer.in_flight_bytes)
+    if m.per_shape:
+        for name, frontier in progress.frontiers.items():
+            m.shape_lag_bytes.labels(name).set(max(0, progress.received_lsn - frontier))
+            m.shape_lag_seconds.labels(name).set(service.lag_seconds(frontier))
     stalled = {s.name for s in service.stalled_shapes()}
+    m.shapes_stalled.set(len(stalled))
     states: dict[str, int] = dict.fromkeys(("backfilling", "catching_up", "active", "error"), 0)
-    for name in service.shapes:
-        m.shape_stalled.labels(name).set(1 if name in stalled else 0)
+    running = waiting = done = estimated = 0
+    for name, status in service.shapes.items():
         state, _ = service.shape_state(name)
-        m.shape_failing.labels(name).set(1 if state == "error" else 0)
         states[state] = states.get(state, 0) + 1
+        if m.per_shape:
+            m.shape_stalled.labels(name).set(1 if name in stalled else 0)
+            m.shape_failing.labels(name).set(1 if state == "error" else 0)
+        if state != "backfilling":
+            continue
+        backfill = status.backfill
+        if backfill is None or (backfill.chunks == 0 and backfill.rows_done == 0):
+            waiting += 1
+        else:
+            running += 1
+            done += backfill.rows_done
+            estimated += max(backfill.rows_estimated, backfill.rows_done)
+    m.backfills_running.set(running)
+    m.backfills_waiting.set(waiting)
+    m.backfill_rows_done.set(done)
+    m.backfill_rows_estimated.set(estimated)
     _set_counter(m.backfill_failures, service.shapeset.backfill_failures)
     _set_counter(m.claim_invalidations, service.store.invalidations_total)
     for state, count in states.items():
@@ -422,6 +510,28 @@ def refresh_metrics(service: Any) -> None:
         m.slot_safe_wal_size_bytes.set(-1 if sample.safe_wal_size is None else sample.safe_wal_size)
         for status in _WAL_STATUSES:
             m.slot_wal_status.labels(status).set(1 if sample.wal_status == status else 0)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tidemark")
+    except PackageNotFoundError:  # pragma: no cover - a bare checkout
+        return "unknown"
+
+
+def _python() -> str:
+    return ".".join(map(str, sys.version_info[:3]))
+
+
+def _pyspark() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pyspark")
+    except PackageNotFoundError:  # pragma: no cover - pyspark is a dependency
+        return "unknown"
 
 
 def _set_counter(counter: Counter, value: float) -> None:

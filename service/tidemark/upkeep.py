@@ -87,6 +87,8 @@ class CurrentKeeper:
         self.clock = clock
         self.shapes: dict[str, _Shape] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # files and log entries since the newest checkpoint, per shape and table kind
+        self.table_stats: dict[str, dict[str, tuple[int, int]]] = {}
 
     @property
     def root(self) -> str:
@@ -109,17 +111,13 @@ class CurrentKeeper:
         for metric in (
             self.metrics.current_lag_bytes,
             self.metrics.current_lag_seconds,
-            self.metrics.changelog_retained_lsn,
             self.metrics.current_refreshes,
             self.metrics.current_refresh_failures,
-            self.metrics.current_refresh_seconds,
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(shape)
-        for kind in ("changelog", "current"):
-            for metric in (self.metrics.table_files, self.metrics.table_log_entries):
-                with contextlib.suppress(KeyError):
-                    metric.remove(shape, kind)
+        self.table_stats.pop(shape, None)
+        self._export_table_stats()
 
     def track(self, name: str) -> _Shape:
         """The shape's state; its series exist from then on (the table gauges NaN until
@@ -130,9 +128,6 @@ class CurrentKeeper:
             state = self.shapes[name] = _Shape(1, time.time(), self.clock())
             self.metrics.current_refreshes.labels(name)
             self.metrics.current_refresh_failures.labels(name)
-            for kind in ("changelog", "current"):
-                self.metrics.table_files.labels(name, kind).set(float("nan"))
-                self.metrics.table_log_entries.labels(name, kind).set(float("nan"))
         return state
 
     def shapes_waiting(self) -> list[str]:
@@ -250,7 +245,7 @@ class CurrentKeeper:
         state.folded_lsn = outcome.lsn
         if not outcome.skipped:
             self.metrics.current_refreshes.labels(name).inc()
-            self.metrics.current_refresh_seconds.labels(name).inc(outcome.seconds)
+            self.metrics.current_refresh_seconds.inc(outcome.seconds)
         return outcome
 
     def update_gauges(self) -> None:
@@ -270,7 +265,7 @@ class CurrentKeeper:
         async with self.lock(name):
             hours = sink.changelog_retention_hours
             if hours is not None and self.settings.current.enabled:
-                retained = await asyncio.to_thread(
+                await asyncio.to_thread(
                     in_background,
                     self.spark,
                     self.tables.compact_changelog,
@@ -279,8 +274,6 @@ class CurrentKeeper:
                     name,
                     hours,
                 )
-                if retained is not None:
-                    self.metrics.changelog_retained_lsn.labels(name).set(retained.retained_lsn)
             await asyncio.to_thread(
                 self.tables.vacuum_and_clean, self.root, name, sink.vacuum_retention_hours
             )
@@ -290,10 +283,20 @@ class CurrentKeeper:
         """Files and log entries since the newest checkpoint of both tables (a shape
         whose table does not exist yet gets 0)."""
         changelog, current = self.tables.folders(self.root, name)
+        stats = {}
         for kind, path in (("changelog", changelog), ("current", current)):
-            files, since_checkpoint = self.tables.table_stats(path) or (0, 0)
-            self.metrics.table_files.labels(name, kind).set(files)
-            self.metrics.table_log_entries.labels(name, kind).set(since_checkpoint)
+            stats[kind] = self.tables.table_stats(path) or (0, 0)
+        self.table_stats[name] = stats
+        self._export_table_stats()
+
+    def _export_table_stats(self) -> None:
+        """The worst table of each kind, as the ``_max`` gauges (per shape: the API)."""
+        for kind in ("changelog", "current"):
+            measured = [s[kind] for s in self.table_stats.values() if kind in s]
+            self.metrics.table_files_max.labels(kind).set(max((f for f, _ in measured), default=0))
+            self.metrics.table_log_entries_max.labels(kind).set(
+                max((e for _, e in measured), default=0)
+            )
 
     def recover_all(self, shapes: list[str]) -> None:
         """At start: what refreshes of an earlier run left uncommitted is deleted, and

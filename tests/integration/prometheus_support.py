@@ -211,12 +211,15 @@ def _ok(url: str) -> bool:
 
 def dashboard_exprs(rate_interval: str = "5s") -> list[tuple[str, str]]:
     """(panel title, expression) of every dashboard target; Grafana's ``$__rate_interval``
-    becomes ``rate_interval`` (Grafana makes it at least four scrape intervals)."""
+    becomes ``rate_interval`` (Grafana makes it at least four scrape intervals), and the
+    dashboard's variables their "All" (``.*``)."""
     dashboard = json.loads((DEPLOY / "grafana" / "tidemark.json").read_text())
     out = []
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             expr = target["expr"].replace("$__rate_interval", rate_interval)
+            for variable in ("$instance", "$shape", "$slot"):  # each variable's "All"
+                expr = expr.replace(variable, ".*")
             assert "$" not in expr, f"{panel['title']}: a Grafana variable left in {expr!r}"
             out.append((panel["title"], expr))
     return out

@@ -103,7 +103,7 @@ async def test_a_failing_compaction_is_logged_and_retried_while_the_stream_goes_
             while calls["done"] < 1:
                 await asyncio.sleep(0.1)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
-        failed = service.metrics.maintenance_failures.labels("high")._value.get()
+        failed = service.metrics.maintenance_failures._value.get()
         assert failed == 2 and service.phase == "streaming"
     assert_equal(spark, tmp_path, "high", HIGH, pg_db.dsn)
 

@@ -367,13 +367,12 @@ def test_the_compose_api_is_never_open_without_a_token(
     assert env["TIDEMARK_HTTP__ADMIN_TOKEN"] == ""
     generated = settings_from(env, monkeypatch, tmp_path)
     assert generated.http.host == "0.0.0.0" and not generated.http.allow_unauthenticated
-    assert re.fullmatch(r"[0-9a-f]{32}", generated.http.admin_token)
+    assert re.fullmatch(r"[0-9a-f]{32}", generated.http.admin_token.get_secret_value())
     # with TIDEMARK_ADMIN_TOKEN set, that one is used
     chosen = environment(compose({"TIDEMARK_ADMIN_TOKEN": "chosen-token"})["services"]["tidemark"])
     (tmp_path / "chosen").mkdir()
-    assert settings_from(chosen, monkeypatch, tmp_path / "chosen").http.admin_token == (
-        "chosen-token"
-    )
+    chosen_settings = settings_from(chosen, monkeypatch, tmp_path / "chosen")
+    assert chosen_settings.http.admin_token.get_secret_value() == "chosen-token"
     # and without either, tidemark refuses to listen on 0.0.0.0 at all
     bare = {k: v for k, v in env.items() if k != "TIDEMARK_HTTP__ADMIN_TOKEN_FILE"}
     with pytest.raises(ConfigError, match="allow_unauthenticated"):
@@ -838,8 +837,9 @@ def test_grafana_provisions_the_prometheus_and_the_dashboard_compose_mounts() ->
     assert grafana[f"{folder}/tidemark.json"] == "./deploy/grafana/tidemark.json"
     # panels use the dashboard's data source variable (so the JSON imports into any
     # Grafana), whose default is the provisioned Prometheus
-    (variable,) = dashboard()["templating"]["list"]
+    variable, *others = dashboard()["templating"]["list"]
     assert (variable["type"], variable["query"]) == ("datasource", "prometheus")
+    assert [v["name"] for v in others] == ["instance", "shape", "slot"]
     assert variable["current"]["value"] == source["uid"]
     for panel in dashboard()["panels"]:
         for item in [panel, *panel.get("targets", [])]:
@@ -870,7 +870,7 @@ def test_dashboard_shows_ack_lag_throughput_frontiers_wal_commits_and_reconnects
     for needle in (
         "tidemark_ack_lag_seconds_bucket",
         "sum by (shape) (rate(tidemark_changes_total",
-        "tidemark_shape_frontier_lsn",
+        "tidemark_shape_lag_seconds",
         "tidemark_slot_retained_wal_bytes",
         "tidemark_commit_duration_seconds_bucket",
         "tidemark_reconnects_total",

@@ -211,8 +211,10 @@ def test_the_metrics_reference_names_every_metric_family() -> None:
 
 def test_the_metrics_reference_gives_each_metric_its_labels() -> None:
     page = hooks.metrics_markdown()
-    row = next(r for r in page.splitlines() if r.startswith("| `tidemark_changes_total` |"))
-    assert "`shape`, `kind`" in row
+    row = next(r for r in page.splitlines() if r.startswith("| `tidemark_table_files_max` |"))
+    assert "| `table` |" in row
+    row = next(r for r in page.splitlines() if r.startswith("| `tidemark_build_info` |"))
+    assert "`version`, `python`, `pyspark`" in row
 
 
 # -- the hook ----------------------------------------------------------------------------
