@@ -8,9 +8,9 @@ STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup java prometheus fuse test test-fast test-integration lint demo bench clean jvm docs
+.PHONY: setup java prometheus fuse browser test test-fast test-integration lint demo bench clean jvm docs
 
-setup: java prometheus fuse $(STAMP)
+setup: java prometheus fuse browser $(STAMP)
 
 $(STAMP): pyproject.toml setup.py service/tidemark/_fastpath.pyx
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,21 @@ fuse:
 	else \
 		echo "note: fusermount3/libfuse 3 not found: the crashfs tests will be skipped."; \
 		echo "Install them with 'sudo apt-get install fuse3 libfuse3-3' (or run make setup"; \
+		echo "as root)."; \
+	fi
+
+# The status page's tests drive a headless chromium through Playwright, Debian's build
+# (/usr/bin/chromium; Playwright's own browser download is not used). As root we install
+# it; otherwise those tests are skipped and say why.
+browser:
+	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium for the status page's browser tests (Debian package)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends chromium; \
+	else \
+		echo "note: /usr/bin/chromium not found: the status page's browser tests will be"; \
+		echo "skipped. Install it with 'sudo apt-get install chromium' (or run make setup"; \
 		echo "as root)."; \
 	fi
 

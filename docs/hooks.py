@@ -12,11 +12,19 @@ from the running code, so the reference cannot drift from it:
 ``metrics``
     every metric family of ``tidemark.observability.Metrics`` (a fresh registry; the
     class starts nothing): name as exported, type, labels, help.
+``openapi``
+    every operation of ``tidemark.api.openapi.openapi_document()`` (the description
+    served at ``GET /v1/openapi.json``): method and path, summary, parameters, body,
+    whether it needs the admin token, and each status it answers with its schema or
+    problem types.
+``problems``
+    every problem kind of ``tidemark.api.problems.KINDS``: ``type``, status, title and
+    when it is answered.
 
 A marker with another name, or a tidemark that cannot be imported, fails the build
 with a message saying what to do: a strict build never publishes a page without its
-table. ``cli_markdown()``, ``settings_markdown()`` and ``metrics_markdown()`` are
-plain functions for the tests.
+table. ``cli_markdown()``, ``settings_markdown()``, ``metrics_markdown()``,
+``openapi_markdown()`` and ``problems_markdown()`` are plain functions for the tests.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import pydantic
 from mkdocs.exceptions import PluginError
 
 MARKER = re.compile(r"^<!-- generated: ([a-z_]+) -->[ \t]*$", re.MULTILINE)
@@ -267,7 +276,13 @@ def _type_name(annotation: Any) -> str:
         return f"list of {_type_name(args[0])}"
     if origin is dict:
         return f"table of {_type_name(args[1])}"
-    names = {str: "text", bool: "boolean", int: "integer", float: "number"}
+    names = {
+        str: "text",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        pydantic.SecretStr: "text (secret: never printed)",
+    }
     if annotation in names:
         return names[annotation]
     raise PluginError(f"docs/hooks.py cannot describe the settings type {annotation!r}")
@@ -458,8 +473,68 @@ def metrics_markdown() -> str:
     return _table(["Metric", "Type", "Labels", "Description"], rows) + "\n"
 
 
+# -- the HTTP API ------------------------------------------------------------------------
+
+_HTTP_METHODS = ("get", "post", "put", "patch", "delete")
+
+
+def _answer(status: str, response: dict[str, Any]) -> str:
+    """``200 `ShapeList``` or ``400 `invalid-body`, `invalid-shape```: a status and what
+    it carries (a schema's name, or its problem types)."""
+    for media_type, content in response.get("content", {}).items():
+        schema = content["schema"]
+        kinds = schema.get("properties", {}).get("type", {}).get("enum")
+        if kinds:
+            return f"{status} " + ", ".join(_code(k.rsplit("/", 1)[-1]) for k in kinds)
+        if "$ref" in schema:
+            return f"{status} {_code(schema['$ref'].rsplit('/', 1)[-1])}"
+        return f"{status} {media_type}"
+    return status
+
+
+def openapi_markdown() -> str:
+    """Every operation of the OpenAPI description: what it takes and answers."""
+    document = _tidemark("tidemark.api.openapi").openapi_document()
+    rows = []
+    for path, item in document["paths"].items():
+        shared = item.get("parameters", [])
+        for method in _HTTP_METHODS:
+            operation = item.get(method)
+            if operation is None:
+                continue
+            parameters = [
+                _code(p["name"] + ("" if p.get("required") else "?"))
+                for p in [*shared, *operation.get("parameters", [])]
+                if p["in"] == "query"
+            ]
+            body = operation.get("requestBody", {}).get("content", {})
+            takes = ", ".join(parameters)
+            for content in body.values():
+                schema_name = content["schema"]["$ref"].rsplit("/", 1)[-1]
+                takes += ("; " if takes else "") + f"body {_code(schema_name)}"
+            rows.append(
+                [
+                    _code(f"{method.upper()} {path}"),
+                    _prose(operation["summary"]),
+                    takes,
+                    "bearer" if operation.get("security") else "",
+                    "; ".join(_answer(s, r) for s, r in operation["responses"].items()),
+                ]
+            )
+    return _table(["Operation", "What", "Takes", "Token", "Answers"], rows) + "\n"
+
+
+def problems_markdown() -> str:
+    """Every kind of problem (error) the HTTP API answers with."""
+    kinds = _tidemark("tidemark.api.problems").KINDS
+    rows = [[_code(k.slug), str(k.status), _prose(k.title), _prose(k.when)] for k in kinds]
+    return _table(["`type` (after /problems/)", "Status", "Title", "When"], rows) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli_markdown,
     "settings": settings_markdown,
     "metrics": metrics_markdown,
+    "openapi": openapi_markdown,
+    "problems": problems_markdown,
 }

@@ -102,7 +102,7 @@ def _api(args: argparse.Namespace) -> Api:
         elif ":" in host:
             host = f"[{host}]"
         url = url or f"http://{host}:{settings.http.port}"
-        token = token or settings.http.admin_token
+        token = token or settings.http.admin_token.get_secret_value()
     return Api(url, token or None)
 
 
@@ -112,9 +112,19 @@ def _shape_path(name: str) -> str:
 
 def _check(status: int, body: Any, ok: tuple[int, ...] = (200,)) -> Any:
     if status not in ok:
-        message = body.get("error") if isinstance(body, dict) else body
-        raise TidemarkError(f"{message} (HTTP {status})")
+        raise TidemarkError(f"{_problem_text(body)} (HTTP {status})")
     return body
+
+
+def _problem_text(body: Any) -> str:
+    """What an error answer says: a problem's ``detail`` (RFC 9457), else the ``error``
+    of a service before problem details, else its ``title``, else the body."""
+    if not isinstance(body, dict):
+        return str(body)
+    for member in ("detail", "error", "title"):
+        if isinstance(body.get(member), str) and body[member]:
+            return str(body[member])
+    return json.dumps(body)
 
 
 def _lsn(value: dict[str, Any] | None) -> str:
@@ -149,7 +159,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     from tidemark.preflight import run_checks
 
     settings = _settings(args, require_dsn=True)
-    print(explain(settings))
+    print(explain(settings, args.config))
     results = asyncio.run(run_checks(settings))
     width = max(len(r.name) for r in results)
     for r in results:
@@ -480,6 +490,29 @@ def cmd_tables(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_teardown(args: argparse.Namespace) -> int:
+    """Drop the slot (and the publication tidemark created); with --purge, this
+    instance's tables and state under the sink root. Shows the plan, then asks."""
+    from tidemark.teardown import carry_out, make_plan
+
+    settings = _settings(args, require_dsn=True)
+    plan = asyncio.run(make_plan(settings, args.purge))
+    print("tidemark teardown will:")
+    for line in plan.describe():
+        print(f"  {line}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print("tidemark: not run: confirm with --yes (no terminal to ask on)", file=sys.stderr)
+            return 2
+        answer = input(f"Type the slot's name ({plan.slot}) to go on: ").strip()
+        if answer != plan.slot:
+            print("tidemark: nothing done", file=sys.stderr)
+            return 1
+    for line in asyncio.run(carry_out(settings, plan)):
+        print(line)
+    return 0
+
+
 def _read_arrow(args: argparse.Namespace, root: str, as_of: int | None, tables: Any) -> Any:
     """The rows without Spark: pyarrow reads the snapshot's files, the fold is Arrow's."""
     import pyarrow.compute as pc
@@ -693,6 +726,19 @@ def parser() -> argparse.ArgumentParser:
     tables_cmd.add_argument("--root", help="sink root (default from [sink] root)")
     output_arg(tables_cmd)
     tables_cmd.set_defaults(func=cmd_tables)
+
+    teardown = sub.add_parser(
+        "teardown",
+        help="drop the slot and the publication tidemark created (--purge: the tables too)",
+        parents=[common],
+    )
+    teardown.add_argument(
+        "--purge",
+        action="store_true",
+        help="also remove this instance's tables and state under the sink root",
+    )
+    teardown.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    teardown.set_defaults(func=cmd_teardown)
 
     demo = sub.add_parser(
         "demo", help="embedded Postgres + Spark local, with a workload", parents=[common]

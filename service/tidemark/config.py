@@ -24,14 +24,24 @@ The HTTP API's mutations are guarded by ``[http] admin_token`` (or a file holdin
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -52,9 +62,30 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def read_secret_file(key: str, name: str) -> str:
+    """A secret kept in a file (``*_file`` settings): its text, stripped; ValueError
+    (reported as a settings error) when it cannot be read or is empty."""
+    path = Path(name)
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"cannot read {key} {path}: {exc}; point it at a readable text file holding the secret"
+        ) from None
+    if not secret:
+        raise ValueError(f"{key} {path} is empty: write the secret into it")
+    return secret
+
+
 class SourceSettings(_Section):
     dsn: str = Field(
         default="", description="libpq connection string or URL of the source database"
+    )
+    dsn_file: str = Field(default="", description="file holding the DSN (used when dsn is empty)")
+    password_file: str = Field(
+        default="",
+        description="file holding the source role's password, kept out of the DSN "
+        "(e.g. a systemd credential); it replaces a password the DSN names",
     )
     slot: str = "tidemark"
     publication: str = "tidemark"
@@ -92,6 +123,21 @@ class SourceSettings(_Section):
         if value:
             check_dsn(value)
         return value
+
+    @model_validator(mode="after")
+    def _secrets_from_files(self) -> SourceSettings:
+        """The DSN from ``dsn_file`` and the password from ``password_file``, read when
+        the settings are loaded: at start and on each reload (SIGHUP)."""
+        if not self.dsn and self.dsn_file:
+            dsn = read_secret_file("dsn_file", self.dsn_file)
+            check_dsn(dsn)
+            self.dsn = dsn
+        if self.password_file:
+            from psycopg.conninfo import make_conninfo
+
+            password = read_secret_file("password_file", self.password_file)
+            self.dsn = make_conninfo(self.dsn, password=password)
+        return self
 
     @field_validator("slot", "publication")
     @classmethod
@@ -303,7 +349,9 @@ class FlushSettings(_Section):
 class HttpSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
-    admin_token: str = Field(default="", description="bearer token for mutations; empty: none")
+    admin_token: SecretStr = Field(
+        default=SecretStr(""), description="bearer token for mutations; empty: none"
+    )
     admin_token_file: str = Field(
         default="", description="file holding the admin token (used when admin_token is empty)"
     )
@@ -314,27 +362,18 @@ class HttpSettings(_Section):
 
     @model_validator(mode="after")
     def _token_from_file(self) -> HttpSettings:
-        if self.admin_token or not self.admin_token_file:
+        if self.admin_token.get_secret_value() or not self.admin_token_file:
             return self
-        path = Path(self.admin_token_file)
-        try:
-            token = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(
-                f"cannot read admin_token_file {path}: {exc}; point it at a readable text "
-                "file holding the token, or set admin_token instead"
-            ) from None
-        if not token:
-            raise ValueError(
-                f"admin_token_file {path} is empty: write the token into it (e.g. "
-                f"`openssl rand -hex 16 > {path}`)"
-            )
-        self.admin_token = token
+        self.admin_token = SecretStr(read_secret_file("admin_token_file", self.admin_token_file))
         return self
 
     @model_validator(mode="after")
     def _no_open_mutations_by_accident(self) -> HttpSettings:
-        if self.admin_token or self.allow_unauthenticated or is_loopback(self.host):
+        if (
+            self.admin_token.get_secret_value()
+            or self.allow_unauthenticated
+            or is_loopback(self.host)
+        ):
             return self
         raise ValueError(
             f"host = {self.host!r} accepts connections from other machines, but no admin "
@@ -388,6 +427,13 @@ class MonitorSettings(_Section):
     stall_grace_s: float = Field(default=300.0, gt=0)
 
 
+class MetricsSettings(_Section):
+    per_shape: bool = Field(
+        default=True,
+        description="export the per-shape series (12 a shape); false: the totals only",
+    )
+
+
 class ShapeSettings(_Section):
     name: str
     table: str
@@ -411,6 +457,7 @@ class Settings(BaseSettings):
     current: CurrentSettings = Field(default_factory=CurrentSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     instance: InstanceSettings = Field(default_factory=InstanceSettings)
     shutdown_grace_s: float = Field(default=30.0, gt=0)
@@ -513,23 +560,82 @@ def load_settings(
     return settings
 
 
-def explain(settings: Settings) -> str:
-    """The effective settings, password redacted, as TOML-ish text."""
+SECRET_WORDS = ("password", "secret", "token", "credential")
+
+
+def explain(
+    settings: Settings, path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """The effective settings as TOML a file could hold (``tomllib`` reads it back),
+    each value with where it came from: the file, the environment (naming the
+    variable), or the default. Secrets are redacted: passwords in the DSN and the
+    catalog URI, the admin token, and ``[iceberg] properties`` or ``[spark] conf``
+    entries whose key names a password, secret, token or credential.
+
+    ``path``: the settings file that was read (default: ``config_path()``);
+    ``environ``: the environment it was read with (default: ``os.environ``)."""
+    path = Path(path) if path is not None else config_path()
+    file_data: Mapping[str, Any] = read_toml(path) if path is not None else {}
+    file_name = str(path) if path is not None else ""
+    env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
     data = settings.model_dump()
     data["source"]["dsn"] = redact_dsn(settings.source.dsn)
-    if settings.http.admin_token:
-        data["http"]["admin_token"] = "***"
-    out: list[str] = []
+    data["iceberg"]["catalog_uri"] = redact_dsn(settings.iceberg.catalog_uri)
+    data["http"]["admin_token"] = "***" if settings.http.admin_token.get_secret_value() else ""
+    for section, key in (("iceberg", "properties"), ("spark", "conf")):
+        data[section][key] = {
+            k: "***" if any(w in k.lower() for w in SECRET_WORDS) else v
+            for k, v in data[section][key].items()
+        }
+
+    def origin(section: str | None, key: str) -> str:
+        name = f"TIDEMARK_{section}__{key}" if section else f"TIDEMARK_{key}"
+        if name.upper() in env:
+            return f"environment: {name.upper()}"
+        if section and f"TIDEMARK_{section}".upper() in env:
+            return f"environment: TIDEMARK_{section.upper()}"
+        held = file_data.get(section, {}) if section else file_data
+        if isinstance(held, Mapping) and key in held:
+            return f"file: {file_name or 'the settings file'}"
+        return "default"
+
+    where = file_name or "no settings file"
+    out = [f"# tidemark's effective settings ({where}); secrets as ***", ""]
     shapes = data.pop("shapes")
+    sections = {k: v for k, v in data.items() if isinstance(v, dict)}
     for key, value in data.items():
-        if isinstance(value, dict):
-            out.append(f"[{key}]")
-            out += [f"{k} = {v!r}" for k, v in value.items()]
-            out.append("")
-        else:
-            out.insert(0, f"{key} = {value!r}")
+        if key not in sections:
+            out.append(_toml_line(key, value, origin(None, key)))
+    for section, values in sections.items():
+        out += ["", f"[{section}]"]
+        out += [_toml_line(k, v, origin(section, k)) for k, v in values.items()]
+    shapes_from = origin(None, "shapes")
     for shape in shapes:
-        out.append("[[shapes]]")
-        out += [f"{k} = {v!r}" for k, v in shape.items() if v is not None]
-        out.append("")
-    return "\n".join(out)
+        out += ["", f"[[shapes]]  # {shapes_from}"]
+        out += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in shape.items() if v is not None]
+    return "\n".join(out) + "\n"
+
+
+def _toml_line(key: str, value: Any, origin: str) -> str:
+    if value is None:
+        return f"# {_toml_key(key)} is not set  # {origin}"
+    return f"{_toml_key(key)} = {_toml_value(value)}  # {origin}"
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON's string escapes are TOML's
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
+    return json.dumps(str(value))

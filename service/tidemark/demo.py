@@ -171,7 +171,7 @@ async def _run(settings: Any, spark: Any, dsn: str, duration_s: float) -> bool:
 
     service = Service(settings, spark=spark)
     task = asyncio.create_task(service.run())
-    while service.phase != "streaming":
+    while service.phase != "streaming" or service.http_port is None:  # both are printed
         if task.done():
             task.result()
         await asyncio.sleep(0.1)
@@ -183,6 +183,7 @@ async def _run(settings: Any, spark: Any, dsn: str, duration_s: float) -> bool:
         f"streaming; HTTP API on http://127.0.0.1:{service.http_port} "
         f"({'Ctrl-C to stop' if not duration_s else f'{duration_s:.0f}s, Ctrl-C to stop early'})"
     )
+    print(f"status page: http://127.0.0.1:{service.http_port}/ (open it in a browser)")
     stats = {"inserts": 0, "updates": 0, "deletes": 0, "transactions": 0}
     writer = asyncio.create_task(workload(dsn, stop, stats))
     started = time.monotonic()

@@ -12,8 +12,10 @@ with (``old``) and the file read again (``new``) and returns a ``ReloadPlan``:
   does not name are kept.
 * **Flush settings** (``max_rows``, ``max_bytes``, ``max_age_s``, ``min_age_s``,
   ``memory_budget_bytes``, ``stage_bytes``) and ``monitor.stall_grace_s`` take effect
-  at once: a new ``FlushPolicy`` built on the running one.
-* **Everything else** (source, sink, spark, http, ``flush.concurrency``,
+  at once: a new ``FlushPolicy`` built on the running one. So does the admin token
+  (``http.admin_token``, also as ``admin_token_file`` holds it: read again).
+* **Everything else** (source, including a password its ``password_file`` now holds;
+  sink, spark, the rest of http, ``flush.concurrency``,
   ``monitor.period_s``, logging, ``shutdown_grace_s``) is read only at start: those
   keys are listed in ``needs_restart`` and nothing of them is applied.
 
@@ -45,7 +47,12 @@ FLUSH_FIELDS = {
     "memory_budget_bytes": "memory_budget",
     "stage_bytes": "stage_bytes",
 }
-RELOADABLE = {"shapes", "monitor.stall_grace_s", *(f"flush.{k}" for k in FLUSH_FIELDS)}
+RELOADABLE = {
+    "shapes",
+    "monitor.stall_grace_s",
+    "http.admin_token",
+    *(f"flush.{k}" for k in FLUSH_FIELDS),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +145,8 @@ def plan_reload(
                 update={key: getattr(new.flush, key) for key in FLUSH_FIELDS}
             ),
             "monitor": old.monitor.model_copy(update={"stall_grace_s": new.monitor.stall_grace_s}),
+            # a token rotated in admin_token_file (or the file) takes effect at once
+            "http": old.http.model_copy(update={"admin_token": new.http.admin_token}),
         }
     )
     return ReloadPlan(

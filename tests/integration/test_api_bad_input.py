@@ -1,8 +1,9 @@
 """The HTTP API answers every user mistake with a clear 4xx, never a 500 (real
 Postgres, real Spark): malformed and oversized bodies, predicates beyond the size and
 depth limits, bad query parameters, a resync racing a remove, a shape that never
-started, a table outside a publication tidemark may not change. A long OR that is
-within the limits works, and its table equals the query on Postgres."""
+started, a table outside a publication tidemark may not change. Each answer is a
+problem (RFC 9457) of its own stable type. A long OR that is within the limits works,
+and its table equals the query on Postgres."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tidemark.api import problems
+from tidemark.api.problems import ProblemKind
 from tidemark.errors import ShapeError
 from tidemark.lsn import Lsn
 from tidemark.predicates.compiler import MAX_PREDICATE_DEPTH, MAX_PREDICATE_TOKENS
@@ -38,6 +41,20 @@ async def call(
     raw: bytes | None = None,
     token: str | None = TOKEN,
 ) -> tuple[int, Any]:
+    status, _, answer = await call_typed(service, method, path, body, raw=raw, token=token)
+    return status, answer
+
+
+async def call_typed(
+    service: Any,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    token: str | None = TOKEN,
+) -> tuple[int, str, Any]:
+    """The status, the content type and the body (JSON when it is)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = f"http://127.0.0.1:{service.http_port}{path}"
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
@@ -49,9 +66,9 @@ async def call(
     ):
         text = await r.text()
         try:
-            return r.status, json.loads(text) if text else None
+            return r.status, r.content_type, json.loads(text) if text else None
         except ValueError:
-            return r.status, text
+            return r.status, r.content_type, text
 
 
 def long_or(terms: int) -> str:
@@ -68,10 +85,10 @@ async def test_bad_requests_get_a_clear_4xx_and_a_long_or_works(
         pg_db.dsn, str(tmp_path), [{"name": "t_all", "table": "t"}], http={"admin_token": TOKEN}
     )
     async with running_service(settings, spark) as service:
-        answers: dict[str, tuple[int, Any]] = {}
+        answers: dict[str, tuple[int, str, Any]] = {}
 
         async def ask(label: str, method: str, path: str, body: Any = None, **kw: Any) -> None:
-            answers[label] = await call(service, method, path, body, **kw)
+            answers[label] = await call_typed(service, method, path, body, **kw)
 
         shape = {"name": "s", "table": "t"}
         # bodies
@@ -114,47 +131,59 @@ async def test_bad_requests_get_a_clear_4xx_and_a_long_or_works(
         await ask("odd name", "GET", "/v1/shapes/..%2F..%2Fetc")
         await ask("remove unknown", "DELETE", "/v1/shapes/nope")
         await ask("resync unknown", "POST", "/v1/shapes/nope/resync")
+        await ask("bad state", "GET", "/v1/shapes?state=active&state=gone")
+        await ask("bad limit", "GET", "/v1/shapes?limit=1001")
+        await ask("bad cursor", "GET", "/v1/shapes?limit=1&cursor=..%2Fetc")
 
-        wrong: list[tuple[str, int, Any]] = []
+        wrong: list[tuple[str, int, str, Any]] = []
 
-        def expect(label: str, status: int, text: str = "") -> None:
-            got, body = answers[label]
+        def expect(label: str, kind: ProblemKind, text: str = "") -> None:
+            got, content_type, body = answers[label]
             if not (
-                got == status
+                got == kind.status
+                and content_type == problems.CONTENT_TYPE
                 and isinstance(body, dict)
-                and body["status"] == status
-                and text in body["error"]
+                and body["type"] == kind.type
+                and body["status"] == kind.status
+                and text in body["detail"]
+                and body["error"] == body["detail"]  # what clients of {"error"} read
             ):
-                wrong.append((label, got, body if isinstance(body, dict) else str(body)[:80]))
+                shown = body if isinstance(body, dict) else str(body)[:80]
+                wrong.append((label, got, content_type, shown))
 
-        expect("deep json", 400, "nested too deeply")
-        expect("deep json 2", 400)
-        expect("deep json field", 400)
-        expect("too big", 413)
-        expect("not json", 400, "JSON object")
-        expect("not utf8", 400)
-        expect("a list", 400, "JSON object")
-        expect("name type", 400, "name")
-        expect("where type", 400, "where")
-        expect("3000 parens", 400, f"at most {MAX_PREDICATE_DEPTH} levels")
-        expect("3000 nots", 400, f"at most {MAX_PREDICATE_DEPTH} levels")
-        expect("plus chain", 400, f"at most {MAX_PREDICATE_DEPTH} levels")
-        expect("too many tokens", 400, f"at most {MAX_PREDICATE_TOKENS:,} tokens")
-        expect("unlogged", 400, "SET LOGGED")
-        expect("system", 400, "system catalog")
-        expect("numeric overflow", 400, "overflows Postgres's numeric format")
+        body, shape_ = problems.INVALID_BODY, problems.INVALID_SHAPE
+        expect("deep json", body, "nested too deeply")
+        expect("deep json 2", body)
+        expect("deep json field", body)
+        expect("too big", problems.TOO_LARGE)
+        expect("not json", body, "JSON object")
+        expect("not utf8", body)
+        expect("a list", body, "JSON object")
+        expect("name type", shape_, "name")
+        expect("where type", shape_, "where")
+        expect("3000 parens", shape_, f"at most {MAX_PREDICATE_DEPTH} levels")
+        expect("3000 nots", shape_, f"at most {MAX_PREDICATE_DEPTH} levels")
+        expect("plus chain", shape_, f"at most {MAX_PREDICATE_DEPTH} levels")
+        expect("too many tokens", shape_, f"at most {MAX_PREDICATE_TOKENS:,} tokens")
+        expect("unlogged", shape_, "SET LOGGED")
+        expect("system", shape_, "system catalog")
+        expect("numeric overflow", shape_, "overflows Postgres's numeric format")
         assert answers["5001 digits"][0] == 201, answers["5001 digits"]  # numeric, not int
+        parameter, not_found = problems.INVALID_PARAMETER, problems.NOT_FOUND
         for value in ("nan", "inf", "-inf", "-1", "1e999", "abc", "", "301"):
-            expect(f"timeout={value}", 400, "from 0 to 300")
-        expect("no lsn", 400, "?lsn=")
-        expect("bad lsn", 400, "invalid LSN")
-        expect("huge lsn", 400)
-        expect("unknown shape", 404)
-        expect("no path", 404)
-        expect("wrong method", 405)
-        expect("odd name", 404)
-        expect("remove unknown", 404)
-        expect("resync unknown", 404)
+            expect(f"timeout={value}", parameter, "from 0 to 300")
+        expect("no lsn", parameter, "?lsn=")
+        expect("bad lsn", parameter, "invalid LSN")
+        expect("huge lsn", parameter)
+        expect("unknown shape", not_found)
+        expect("no path", not_found, "GET /v1/openapi.json describes every path")
+        expect("wrong method", problems.METHOD_NOT_ALLOWED, "PUT is not served at /v1/shapes")
+        expect("odd name", not_found)
+        expect("remove unknown", not_found, "there is no shape 'nope'")
+        expect("resync unknown", not_found, "there is no shape 'nope'")
+        expect("bad state", parameter, "state='gone' is not a shape state")
+        expect("bad limit", parameter, "limit='1001'")
+        expect("bad cursor", parameter, "cursor='../etc'")
         assert wrong == [], "\n".join(map(str, wrong))
         assert sorted(service.shapes) == ["s", "t_all"]  # nothing was half-added
 
@@ -228,7 +257,8 @@ async def test_resyncing_a_shape_that_never_started_says_what_to_do(
         # when an operator asks for a resync
         status, body = await call(service, "POST", "/v1/shapes/t_all/resync")
         # then a conflict that says how to bring it back, and that way works
-        assert status == 409 and "remove it and add it again" in body["error"], body
+        assert status == 409 and "remove it and add it again" in body["detail"], body
+        assert body["type"] == problems.SHAPE_CONFLICT.type
         assert (await call(service, "DELETE", "/v1/shapes/t_all"))[0] == 204
         status, body = await call(service, "POST", "/v1/shapes", {"name": "t_all", "table": "t"})
         assert status == 201, body
@@ -287,7 +317,8 @@ async def test_a_table_outside_a_fixed_publication_is_refused_with_the_statement
             )
             # then 422 with the exact statement, and nothing changed or registered
             assert status == 422, body
-            assert "ALTER PUBLICATION tm_e2e ADD TABLE public.outside;" in body["error"]
+            assert "ALTER PUBLICATION tm_e2e ADD TABLE public.outside;" in body["detail"]
+            assert body["type"] == problems.SOURCE_CANNOT_SERVE.type
             assert "out" not in service.shapes and service.registry.get("out") is None
             published = pg_db.execute(
                 "select tablename from pg_publication_tables where pubname = 'tm_e2e'"

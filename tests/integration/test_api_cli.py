@@ -1,11 +1,13 @@
 """The HTTP API and the command line against a running service (real Postgres,
 real Spark): health, readiness, metrics, shapes at runtime, progress and waits,
-token checks, JSON errors; and the CLI commands that use them."""
+token checks, errors as problem details, times, filtered and paged shape lists; and the
+CLI commands that use them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import aiohttp
 import pytest
 
 from tidemark import cli
+from tidemark.api import problems
 from tidemark.lsn import Lsn
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.verify import compare_shape
@@ -37,6 +40,12 @@ async def call(
             return r.status, json.loads(text) if text else None
         except ValueError:
             return r.status, text
+
+
+def iso_epoch(text: str) -> float:
+    """The Unix time of an ISO 8601 UTC time as the API writes it."""
+    assert text.endswith("Z") and len(text) == 24, text  # 2026-11-27T05:00:00.123Z
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
 def json_of(out: str) -> Any:
@@ -67,7 +76,9 @@ async def test_the_api_serves_health_shapes_progress_and_waits(
     )
     async with running_service(settings, spark) as service:
         # health, readiness, metrics
-        assert (await call(service, "GET", "/healthz"))[1]["phase"] == "streaming"
+        health = (await call(service, "GET", "/healthz"))[1]
+        assert health["phase"] == "streaming" and health["started_at"].endswith("Z")
+        assert abs(iso_epoch(health["started_at"]) - health["started_at_epoch"]) < 0.001
         status, ready = await call(service, "GET", "/readyz")
         assert status == 200 and ready["ready"] is True
         status, text = await call(service, "GET", "/metrics")
@@ -77,10 +88,11 @@ async def test_the_api_serves_health_shapes_progress_and_waits(
         status, body = await call(service, "GET", "/v1/shapes")
         assert [s["name"] for s in body["shapes"]] == ["t_all"]
         shape = {"name": "t_big", "table": "public.t", "where": "n > 100"}
-        assert (await call(service, "POST", "/v1/shapes", shape, token=None))[0] == 401
+        status, err = await call(service, "POST", "/v1/shapes", shape, token=None)
+        assert status == 401 and err["type"] == problems.UNAUTHORIZED.type
         assert (await call(service, "POST", "/v1/shapes", shape, token="wrong"))[0] == 403
         status, err = await call(service, "POST", "/v1/shapes", {**shape, "where": "n >"})
-        assert status == 400 and "error" in err
+        assert status == 400 and err["type"] == problems.INVALID_SHAPE.type and err["error"]
         status, err = await call(service, "POST", "/v1/shapes", {**shape, "table": "public.tt"})
         assert status == 400 and "does not exist" in err["error"]
         status, err = await call(service, "POST", "/v1/shapes", {**shape, "colour": "red"})
@@ -89,7 +101,20 @@ async def test_the_api_serves_health_shapes_progress_and_waits(
         assert status == 201 and created["name"] == "t_big"
         assert created["state"] in ("backfilling", "active")
         status, err = await call(service, "POST", "/v1/shapes", {**shape, "where": "n > 5"})
-        assert status == 409
+        assert status == 409 and err["type"] == problems.SHAPE_CONFLICT.type
+
+        # the list: in name order, filtered by state, in pages
+        status, page = await call(service, "GET", "/v1/shapes?limit=1")
+        assert [s["name"] for s in page["shapes"]] == ["t_all"] and page["next_cursor"] == "t_all"
+        status, page = await call(service, "GET", "/v1/shapes?limit=1&cursor=t_all")
+        assert [s["name"] for s in page["shapes"]] == ["t_big"] and page["next_cursor"] is None
+        status, page = await call(service, "GET", "/v1/shapes?state=error")
+        assert status == 200 and page == {"shapes": [], "next_cursor": None}
+        status, page = await call(
+            service, "GET", "/v1/shapes?state=active&state=backfilling,catching_up&limit=5"
+        )
+        assert [s["name"] for s in page["shapes"]] == ["t_all", "t_big"]
+        assert page["next_cursor"] is None
 
         # the runtime shape gets its rows (by snapshot or stream, whichever comes first)
         pg_db.execute("insert into t select g, 'x', g from generate_series(1, 200) g")
@@ -113,7 +138,8 @@ async def test_the_api_serves_health_shapes_progress_and_waits(
         # waits that cannot be met, bad input
         far = Lsn(target + 10**12)
         status, body = await call(service, "GET", f"/v1/progress/wait?lsn={far}&timeout=0.5")
-        assert status == 504 and body["reached"] is False
+        assert status == 504 and body["reached"] is False and body["target"]["lsn"] == str(far)
+        assert body["type"] == problems.WAIT_TIMEOUT.type and "not reached" in body["error"]
         assert (await call(service, "GET", "/v1/progress/wait?lsn=nope"))[0] == 400
         assert (await call(service, "GET", "/v1/shapes/nope"))[0] == 404
 
@@ -250,6 +276,12 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
             run, "wait", "--lsn", str(Lsn(target + 10**12)), "--timeout", "0.5", "--url", url
         )
         assert code == 3
+        # an error answer: the CLI prints the problem's detail and its status
+        capsys.readouterr()
+        code = await asyncio.to_thread(cli.main, ["shapes", "show", "nope", "--url", url])
+        err = capsys.readouterr().err
+        assert code == 1
+        assert "there is no shape 'nope'; GET /v1/shapes lists them (HTTP 404)" in err
 
 
 async def test_status_shows_rows_lag_last_commit_and_why_a_shape_is_not_ready(
@@ -286,6 +318,12 @@ async def test_status_shows_rows_lag_last_commit_and_why_a_shape_is_not_ready(
         assert shape["ready"] is True and shape["reason"] is None and shape["stalled"] is False
         assert shape["lag_bytes"] >= 0 and shape["lag_s"] >= 0
         assert 0 <= shape["last_commit"]["age_s"] < 120
+        at, epoch = shape["last_commit"]["at"], shape["last_commit"]["epoch"]
+        assert abs(iso_epoch(at) - epoch) < 0.001
+        assert (
+            abs(iso_epoch(shape["continuity"]["since"]) - shape["continuity"]["since_epoch"])
+            < 0.001
+        )
         out = await asyncio.to_thread(status)
         (line,) = [row for row in out.splitlines() if row.startswith("t_all ")]
         assert "active" in line and "200 + 2" in line and " ago" in line
@@ -347,7 +385,11 @@ def test_config_check_passes_on_a_good_setup_and_explains_a_bad_shape(
     )
     assert cli.main(["--config", str(config), "config", "check"]) == 0
     out = capsys.readouterr().out
-    assert "ok   shape t_all" in out and "password" not in out.lower().replace("***", "")
+    from psycopg.conninfo import conninfo_to_dict
+
+    password = conninfo_to_dict(pg_db.dsn).get("password")
+    (dsn_line,) = [line for line in out.splitlines() if line.startswith("dsn = ")]
+    assert "ok   shape t_all" in out and (password is None or "***" in dsn_line)
     assert "ok   per-change path" in out and "compiled (tidemark._fastpath, Cython)" in out
     assert pg_db.dsn not in out  # the DSN (with its password) is shown redacted
     config.write_text(config.read_text() + '[[shapes]]\nname = "bad"\ntable = "public.nopk"\n')

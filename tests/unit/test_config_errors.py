@@ -83,7 +83,7 @@ def test_an_unknown_key_in_a_section_is_refused_with_the_nearest_valid_key(
     assert code == 2
     assert "unknown setting 'slto' in [source]" in err and "did you mean 'slot'" in err
     assert "unknown setting 'bogus' in [source]" in err
-    assert "dsn, slot, publication" in err  # the valid keys are listed
+    assert "dsn, dsn_file, password_file, slot, publication" in err  # the valid keys
 
 
 @pytest.mark.parametrize(
@@ -248,7 +248,8 @@ def test_a_non_loopback_bind_without_a_token_is_refused_naming_both_fixes() -> N
 def test_loopback_a_token_or_an_explicit_opt_out_may_start() -> None:
     for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
         assert settings(host=host).http.host == host
-    assert settings(host="0.0.0.0", admin_token="s3cret").http.admin_token == "s3cret"
+    token = settings(host="0.0.0.0", admin_token="s3cret").http.admin_token
+    assert token.get_secret_value() == "s3cret" and "s3cret" not in repr(token)
     assert settings(host="0.0.0.0", allow_unauthenticated=True).http.allow_unauthenticated
 
 
@@ -256,7 +257,7 @@ def test_the_token_can_come_from_a_file(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("from-a-file\n")
     loaded = settings(host="0.0.0.0", admin_token_file=str(token))
-    assert loaded.http.admin_token == "from-a-file"
+    assert loaded.http.admin_token.get_secret_value() == "from-a-file"
     with pytest.raises(ConfigError, match="admin_token_file"):
         load_settings(require_dsn=False, http={"admin_token_file": str(tmp_path / "absent")})
     token.write_text("\n")

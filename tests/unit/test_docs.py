@@ -158,7 +158,7 @@ def test_the_table_layout_page_lists_every_metadata_column() -> None:
 
 def test_the_snippet_reader_finds_indented_blocks(tmp_path: Path) -> None:
     page = tmp_path / "p.md"
-    page.write_text("1. a step\n\n   ```toml\n   [sink]\n   root = \"/x\"\n   ```\n")
+    page.write_text('1. a step\n\n   ```toml\n   [sink]\n   root = "/x"\n   ```\n')
     (found,) = snippets(page)
     assert found.lang == "toml"
     assert found.code == '[sink]\nroot = "/x"\n'

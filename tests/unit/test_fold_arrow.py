@@ -11,8 +11,8 @@ from __future__ import annotations
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from tests.fold_cases import SCHEMA, fold_model, ops, simulate
+
 from tidemark.sink.fold_arrow import fold_arrow, fold_arrow_onto
 
 history = st.tuples(

@@ -1,11 +1,14 @@
 """The HTTP API.
 
 =====================================  ==============================================
+``GET /``                              the status page (HTML; see ``status_page``)
 ``GET /healthz``                       the process and its event loop answer
 ``GET /readyz``                        streaming, no invariant violated, no shape
                                        stalled or failed (503 with the reasons)
 ``GET /metrics``                       Prometheus text format
-``GET /v1/shapes``                     every shape: definition, state, frontier
+``GET /v1/openapi.json``               this API's OpenAPI description (``openapi.py``)
+``GET /v1/shapes``                     every shape: definition, state, frontier;
+                                       ``?state=S&limit=N&cursor=C`` filter and page
 ``POST /v1/shapes``                    add a shape (JSON body: name, table, where,
                                        columns, replica)
 ``GET /v1/shapes/{name}``              one shape
@@ -19,8 +22,10 @@
 =====================================  ==============================================
 
 Mutations need ``Authorization: Bearer <admin_token>`` when a token is configured.
-Errors are JSON: ``{"error": "<what was wrong and what to do>", "status": <code>}``.
-LSNs are given both as text (``16/B374D848``) and as numbers.
+Errors are problem details (RFC 9457, ``application/problem+json``; ``problems.py``):
+``{"type", "title", "status", "detail", "instance", "error"}``, one ``type`` per kind
+of error. LSNs are given both as text (``16/B374D848``) and as numbers, times as ISO
+8601 UTC strings with their Unix time beside them (``shape_view.py``).
 
 A request a user got wrong is answered 4xx, never 500: 400 for a malformed body,
 parameter or shape definition (including predicates over the size and depth limits),
@@ -49,7 +54,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from tidemark.api.shape_view import lsn_json, shape_json
+from tidemark.api import problems
+from tidemark.api.openapi import openapi_document
+from tidemark.api.paging import BadQuery, ShapeQuery
+from tidemark.api.problems import Problem, problem
+from tidemark.api.shape_view import iso_time, lsn_json, shape_json
+from tidemark.api.status_page import status_page
 from tidemark.conninfo import redact_text
 from tidemark.durable import full_disk
 from tidemark.errors import ReplicationError, ShapeConflict, ShapeError, TidemarkError
@@ -62,11 +72,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("tidemark.api")
 SERVICE: web.AppKey[ServiceView] = web.AppKey("service")
 MAX_WAIT_S = 300.0
+MAX_BODY_BYTES = 64 * 1024
 MUTATIONS: web.AppKey[asyncio.Lock] = web.AppKey("mutations")
-
-
-def error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message, "status": status}, status=status)
 
 
 @web.middleware
@@ -74,43 +81,87 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         response: web.StreamResponse = await handler(request)
         return response
-    except web.HTTPException as exc:
-        if exc.content_type == "application/json":
+    except Problem as exc:
+        return exc.response(_instance(request))
+    except web.HTTPException as exc:  # raised by aiohttp: no route, method, body size
+        if exc.status < 400:
             raise
-        return error(exc.status, exc.reason or "error")
+        return _http_problem(request, exc)
     except ShapeConflict as exc:
-        return error(409, str(exc))
+        return problem(problems.SHAPE_CONFLICT, str(exc), _instance(request))
     except ShapeError as exc:
-        return error(400, str(exc))
+        return problem(problems.INVALID_SHAPE, str(exc), _instance(request))
     except psycopg.OperationalError as exc:
         dsn = request.app[SERVICE].settings.source.dsn
-        return error(
-            503,
+        return problem(
+            problems.SOURCE_UNAVAILABLE,
             f"the source database cannot be reached: {redact_text(str(exc).strip(), dsn)}; "
             "try again once it is back",
+            _instance(request),
         )
     except TidemarkError as exc:
         log.error("api.failed", path=request.path, error=str(exc), exc_info=exc)
-        return error(500, str(exc))
+        return problem(problems.INTERNAL, str(exc), _instance(request))
     except Exception as exc:  # a bug: say so, keep the details in the log
         log.error("api.failed", path=request.path, error=repr(exc), exc_info=exc)
-        return error(
-            500,
+        return problem(
+            problems.INTERNAL,
             f"internal error while serving {request.method} {request.path}; the service "
             "log has the details (event api.failed)",
+            _instance(request),
         )
 
 
-def _authorized(request: web.Request) -> web.Response | None:
-    token = request.app[SERVICE].settings.http.admin_token
+def _instance(request: web.Request) -> str:
+    """The problem's ``instance``: the path asked for, percent-encoded (a URI reference
+    whatever characters the path has)."""
+    return request.rel_url.raw_path
+
+
+def _http_problem(request: web.Request, exc: web.HTTPException) -> web.Response:
+    kind = problems.kind_of_status(exc.status)
+    headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+    if exc.status == 404:
+        detail = (
+            f"there is no {request.path}: GET /v1/openapi.json describes every path of this API"
+        )
+    elif exc.status == 405:
+        allowed = ", ".join(sorted(m for m in exc.headers.get("Allow", "").split(",") if m))
+        detail = f"{request.method} is not served at {request.path}: it serves {allowed}"
+    elif exc.status == 413:
+        detail = (
+            f"the request body is over {MAX_BODY_BYTES // 1024} KiB, the "
+            "most this API reads: a shape definition is far smaller"
+        )
+    else:
+        detail = exc.text or exc.reason
+    if kind.status != exc.status:  # a status no kind names: keep it, say it as it was
+        return web.Response(
+            text=json.dumps(
+                problems.problem_json(kind, detail, _instance(request))
+                | {"type": "about:blank", "title": exc.reason, "status": exc.status}
+            ),
+            status=exc.status,
+            content_type=problems.CONTENT_TYPE,
+            headers=headers,
+        )
+    return problem(kind, detail, _instance(request), headers=headers)
+
+
+def _authorize(request: web.Request) -> None:
+    """Raises unless the request may mutate: no admin token, or the bearer is it."""
+    token = request.app[SERVICE].settings.http.admin_token.get_secret_value()
     if not token:
-        return None
+        return
     given = request.headers.get("Authorization", "")
     if not given.startswith("Bearer "):
-        return error(401, "this endpoint needs 'Authorization: Bearer <admin token>'")
+        raise Problem(
+            problems.UNAUTHORIZED,
+            "this endpoint needs 'Authorization: Bearer <admin token>'",
+            headers={"WWW-Authenticate": 'Bearer realm="tidemark"'},
+        )
     if not hmac.compare_digest(given[len("Bearer ") :].encode(), token.encode()):
-        return error(403, "the bearer token is not the configured admin token")
-    return None
+        raise Problem(problems.FORBIDDEN, "the bearer token is not the configured admin token")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -120,6 +171,8 @@ async def healthz(request: web.Request) -> web.Response:
             "status": "ok",
             "phase": service.phase,
             "role": service.role,
+            "started_at": iso_time(service.started_at),
+            "started_at_epoch": round(service.started_at, 3),
             "uptime_s": round(time.time() - service.started_at, 1),
         }
     )
@@ -132,25 +185,44 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[SERVICE].metrics.registry)
+    # the text of 12k series at 1000 shapes takes ~70 ms to format: off the event loop,
+    # which keeps receiving and acknowledging meanwhile (``python -m bench metrics``)
+    body = await asyncio.to_thread(generate_latest, request.app[SERVICE].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())
 
 
 async def list_shapes(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
+    try:
+        query = ShapeQuery.parse(
+            request.query.getall("state", []),
+            request.query.get("limit"),
+            request.query.get("cursor"),
+        )
+    except BadQuery as exc:
+        raise Problem(problems.INVALID_PARAMETER, str(exc)) from None
+    names, next_cursor = query.page({n: service.shape_state(n)[0] for n in service.shapes})
     stalls = {s.name: s for s in service.stalled_shapes()}
-    shapes = [shape_json(service, n, stalls) for n in sorted(service.shapes)]
-    return web.json_response({"shapes": shapes})
+    shapes = [shape_json(service, n, stalls) for n in names]
+    return web.json_response({"shapes": shapes, "next_cursor": next_cursor})
 
 
 async def show_shape(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     name = request.match_info["name"]
     if name not in service.shapes:
-        return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
+        raise _no_shape(name)
     body = shape_json(service, name)
     body["tables"] = await asyncio.to_thread(_tables_of, service, name)
     return web.json_response(body)
+
+
+def _no_shape(name: str) -> Problem:
+    return Problem(problems.NOT_FOUND, f"there is no shape {name!r}; GET /v1/shapes lists them")
 
 
 def _tables_of(service: ServiceView, name: str) -> dict[str, Any] | None:
@@ -166,64 +238,79 @@ def _tables_of(service: ServiceView, name: str) -> dict[str, Any] | None:
 
 
 async def add_shape(request: web.Request) -> web.Response:
-    if (denied := _authorized(request)) is not None:
-        return denied
+    _authorize(request)
     service = request.app[SERVICE]
+    not_an_object = Problem(
+        problems.INVALID_BODY, "the request body must be a JSON object with name and table"
+    )
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return error(400, "the request body must be a JSON object with name and table")
+        raise not_an_object from None
     except RecursionError:
-        return error(400, "the request body is nested too deeply to be a shape definition")
+        raise Problem(
+            problems.INVALID_BODY, "the request body is nested too deeply to be a shape definition"
+        ) from None
     if not isinstance(body, dict):
-        return error(400, "the request body must be a JSON object with name and table")
+        raise not_an_object
     unknown = set(body) - {"name", "table", "where", "columns", "replica"}
     if unknown:
-        return error(400, f"unknown field(s) {sorted(unknown)}: allowed are name, table, "
-                          "where, columns, replica")  # fmt: skip
+        raise Problem(
+            problems.INVALID_BODY,
+            f"unknown field(s) {sorted(unknown)}: allowed are name, table, where, columns, replica",
+        )
     try:
         definition = ShapeDefinition.model_validate(body)
     except (ShapeError, ValidationError) as exc:
-        return error(400, str(exc))
+        raise Problem(problems.INVALID_SHAPE, str(exc)) from None
     async with request.app[MUTATIONS]:
         existing = service.registry.get(definition.name)
         if existing is not None and existing.definition != definition:
-            return error(409, f"shape {definition.name!r} already exists with another "
-                              "definition: DELETE it first")  # fmt: skip
+            raise Problem(
+                problems.SHAPE_CONFLICT,
+                f"shape {definition.name!r} already exists with another definition: DELETE "
+                "it first",
+            )
         try:
             await service.add_shape(definition, origin="api")
         except ReplicationError as exc:  # e.g. a table outside a publication we may not alter
-            return error(422, str(exc))
+            raise Problem(problems.SOURCE_CANNOT_SERVE, str(exc)) from None
         except OSError as exc:  # the registry could not be written (a full disk): not added
             full = full_disk(Path(service.settings.sink.root))
-            return error(507, f"shape {definition.name!r} was not added: {exc}. {full or ''}")
+            raise Problem(
+                problems.STORAGE_FULL,
+                f"shape {definition.name!r} was not added: {exc}. {full or ''}".strip(),
+            ) from None
         if definition.name not in service.shapes:
-            return error(409, f"shape {definition.name!r} was removed while it was being added")
+            raise Problem(
+                problems.SHAPE_CONFLICT,
+                f"shape {definition.name!r} was removed while it was being added",
+            )
         return web.json_response(shape_json(service, definition.name), status=201)
 
 
 async def resync_shape(request: web.Request) -> web.Response:
-    if (denied := _authorized(request)) is not None:
-        return denied
+    _authorize(request)
     service = request.app[SERVICE]
     name = request.match_info["name"]
     async with request.app[MUTATIONS]:
         if name not in service.shapes:
-            return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
+            raise _no_shape(name)
         await service.resync_shape(name)
         if name not in service.shapes:
-            return error(409, f"shape {name!r} was removed while it was being resynced")
+            raise Problem(
+                problems.SHAPE_CONFLICT, f"shape {name!r} was removed while it was being resynced"
+            )
         return web.json_response(shape_json(service, name), status=202)
 
 
 async def remove_shape(request: web.Request) -> web.Response:
-    if (denied := _authorized(request)) is not None:
-        return denied
+    _authorize(request)
     service = request.app[SERVICE]
     name = request.match_info["name"]
     async with request.app[MUTATIONS]:
         if name not in service.shapes and service.registry.get(name) is None:
-            return error(404, f"there is no shape {name!r}; GET /v1/shapes lists them")
+            raise _no_shape(name)
         await service.remove_shape(name)
         return web.Response(status=204)
 
@@ -245,7 +332,8 @@ def progress_json(service: ServiceView) -> dict[str, Any]:
             "retained_wal_bytes": sample.retained_wal_bytes,
             "lag_bytes": sample.lag_bytes,
             "replay_lag_s": sample.replay_lag_s,
-            "sampled_at": sample.taken_at,
+            "sampled_at": iso_time(sample.taken_at),
+            "sampled_at_epoch": round(sample.taken_at, 3),
             "age_s": round(max(0.0, time.time() - sample.taken_at), 1),
         }
     return {
@@ -290,27 +378,31 @@ async def wait_progress(request: web.Request) -> web.Response:
     try:
         target = int(Lsn.parse(request.query["lsn"]))
     except KeyError:
-        return error(400, "give the LSN to wait for: ?lsn=16/B374D848")
+        raise Problem(
+            problems.INVALID_PARAMETER, "give the LSN to wait for: ?lsn=16/B374D848"
+        ) from None
     except ValueError as exc:
-        return error(400, str(exc))
+        raise Problem(problems.INVALID_PARAMETER, str(exc)) from None
     text = request.query.get("timeout", "30")
     try:
         timeout = float(text)
     except ValueError:
         timeout = math.nan
     if not (math.isfinite(timeout) and 0 <= timeout <= MAX_WAIT_S):
-        return error(
-            400,
+        raise Problem(
+            problems.INVALID_PARAMETER,
             f"timeout={text!r} is not a number of seconds from 0 to {MAX_WAIT_S:g}: give "
             "e.g. timeout=30, and wait again for longer",
         )
     shape = request.query.get("shape")
     if shape is not None and shape not in service.shapes:
-        return error(404, f"there is no shape {shape!r}; GET /v1/shapes lists them")
+        raise _no_shape(shape)
     deadline = asyncio.get_running_loop().time() + timeout
     monitor = service.monitor
     if monitor is None:
-        return error(503, "the service is still starting")
+        raise Problem(
+            problems.STARTING, "the service is still starting: wait again in a few seconds"
+        )
     sample = await monitor.wait_for_lsn(target, timeout)
     while sample is not None and shape is not None:
         frontier = service.frontier(shape)
@@ -323,16 +415,26 @@ async def wait_progress(request: web.Request) -> web.Response:
     body = progress_json(service)
     body["target"] = lsn_json(target)
     body["reached"] = sample is not None
-    return web.json_response(body, status=200 if sample is not None else 504)
+    if sample is None:
+        raise Problem(
+            problems.WAIT_TIMEOUT,
+            f"{body['target']['lsn']} was not reached within {timeout:g}s"
+            + (f" in shape {shape!r}" if shape is not None else "")
+            + ": wait again, or look at postgres.replay and frontiers in this answer",
+            **body,
+        )
+    return web.json_response(body)
 
 
 def build_app(service: ServiceView) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app[SERVICE] = service
     app[MUTATIONS] = asyncio.Lock()
+    app.router.add_get("/", status_page)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/v1/shapes", list_shapes)
     app.router.add_post("/v1/shapes", add_shape)
     app.router.add_get("/v1/shapes/{name}", show_shape)

@@ -10,6 +10,12 @@ with its claim, so it survives restarts), ``rows_committed`` the change rows the
 committed since this process started. ``last_commit`` is the later of the last stream
 commit and the backfill's commit. ``continuity`` says since when and from which
 snapshot the table is continuous, on which stream, and the last time its claim ended.
+
+Values on the wire have one form each: an LSN is ``{"lsn": "16/B374D848", "value": n}``
+(``lsn_json``); a point in time is an ISO 8601 UTC string to the millisecond
+(``2026-11-27T05:00:00.123Z``, ``iso_time``) with its Unix time in seconds beside it:
+``{"at": ..., "epoch": ...}`` for an event (``time_json``), ``<name>_epoch`` for a
+member named after the time.
 """
 
 from __future__ import annotations
@@ -24,8 +30,24 @@ if TYPE_CHECKING:
     from tidemark.stalls import Stall
 
 
+# what ``state`` can be (``ShapeStatus.state``, or ``error`` while flushes fail)
+SHAPE_STATES = ("backfilling", "catching_up", "active", "error")
+
+
 def lsn_json(value: int | None) -> dict[str, Any] | None:
     return None if value is None else {"lsn": format_lsn(value), "value": value}
+
+
+def iso_time(ts: float) -> str:
+    """Unix time as ISO 8601 UTC to the millisecond: ``2026-11-27T05:00:00.123Z``."""
+    millis = round(ts * 1000)
+    seconds, ms = divmod(millis, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{ms:03d}Z"
+
+
+def time_json(ts: float | None, **more: Any) -> dict[str, Any] | None:
+    """An event's time: ``{"at": iso, "epoch": seconds, **more}`` (None: never)."""
+    return None if ts is None else {"at": iso_time(ts), "epoch": round(ts, 3), **more}
 
 
 def not_ready_reason(
@@ -117,7 +139,7 @@ def shape_json(
         "pending_rows": (writer.buffer.ready_rows + writer.buffer.open_rows) if writer else 0,
         "last_commit": None
         if last_commit is None
-        else {"at": round(last_commit, 3), "age_s": round(max(0.0, now - last_commit), 1)},
+        else time_json(last_commit, age_s=round(max(0.0, now - last_commit), 1)),
         "columns_as_text": [{"column": c, "type": t} for c, t in status.as_text],
         "backfill": backfill,
         "continuity": continuity_json(service, name),
@@ -150,7 +172,8 @@ def continuity_json(service: ServiceView, name: str) -> dict[str, Any]:
     stream = store.stream
     last = store.last_invalidation(name)
     return {
-        "since": None if claim is None else _iso(claim.since),
+        "since": None if claim is None else iso_time(claim.since),
+        "since_epoch": None if claim is None else round(claim.since, 3),
         "from": lsn_json(None if claim is None else claim.snapshot_lsn),
         "stream": None
         if stream is None
@@ -160,9 +183,5 @@ def continuity_json(service: ServiceView, name: str) -> dict[str, Any]:
             "slot": stream.slot,
             "epoch": stream.epoch,
         },
-        "last_invalidation": None if last is None else {"at": _iso(last.at), "reason": last.reason},
+        "last_invalidation": None if last is None else time_json(last.at, reason=last.reason),
     }
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

@@ -84,6 +84,9 @@ async def check_server(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> int
     return major
 
 
+# the comment on a publication tidemark created (``tidemark teardown`` drops only those)
+CREATED_BY = "created by tidemark"
+
 # Amazon RDS and Aurora give replication through membership in this role, not the
 # REPLICATION attribute (their admin user cannot grant the attribute)
 RDS_REPLICATION = "rds_replication"
@@ -171,6 +174,13 @@ async def ensure_publication(
                 f"cannot create publication '{name}': {exc.diag.message_primary}. Create it as "
                 "a superuser (CREATE PUBLICATION ... FOR ALL TABLES) or list the shape tables"
             ) from exc
+        # the mark `tidemark teardown` drops it by (a publication without it was made by
+        # someone else); a crash before it leaves the publication unmarked: kept
+        await conn.execute(
+            sql.SQL("comment on publication {} is {}").format(
+                sql.Identifier(name), sql.Literal(CREATED_BY)
+            )
+        )
         return True
     if tables and not row[0]:
         await add_tables_to_publication(conn, name, tables, alter=create and not standby)
