@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup java prometheus fuse browser test test-fast test-integration lint demo bench clean jvm docs
+.PHONY: setup java prometheus fuse browser test test-fast test-integration test-compose lint demo bench clean jvm docs
 
 setup: java prometheus fuse browser $(STAMP)
 
@@ -90,6 +90,19 @@ test-integration: setup
 
 test: setup
 	$(PYTEST) tests -q -p no:cacheprovider --durations=15
+
+# docker-compose.yml run for real, under podman (no Docker engine or image registry on our
+# machines): deploy/podman/setup.sh installs podman (Debian packages) and builds the
+# images, tidemark's from deploy/Dockerfile; tests/compose then runs the stack. Root and
+# Debian only; `.ci/run` calls it after `make test`.
+test-compose: setup
+	@if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "make test-compose runs rootful podman: it needs root on Debian (apt-get)."; \
+		exit 1; \
+	fi
+	$(PY) -m pip install --quiet 'podman-compose>=1.6,<2'
+	sh deploy/podman/setup.sh
+	TIDEMARK_COMPOSE_TESTS=1 $(PYTEST) tests/compose -q -s -p no:cacheprovider --durations=0
 
 lint: setup
 	$(VENV)/bin/ruff check service tests bench

@@ -3,7 +3,8 @@
 #
 # Settings come from TIDEMARK_* environment variables (a tidemark.toml only if
 # TIDEMARK_CONFIG names one). Before `run`, a local sink root must be writable: a
-# volume owned by another user otherwise fails deep inside Spark, so say it here.
+# volume owned by another user otherwise fails deep inside Spark, so say it here (and
+# leave the reason in TIDEMARK_EXIT_REASON_FILE for the health check, as tidemark does).
 #
 # The image listens on all interfaces, where tidemark refuses to serve mutations
 # without an admin token. Without TIDEMARK_HTTP__ADMIN_TOKEN, a random token is
@@ -33,8 +34,12 @@ if [ "$1" = run ]; then
         *://*) ;;  # an object store: nothing to check locally
         *)
             if ! mkdir -p "$root" 2>/dev/null || ! [ -w "$root" ]; then
-                echo "tidemark-entrypoint: the sink root $root is not writable by uid $(id -u):" \
-                    "mount a volume there that this user owns, or set TIDEMARK_SINK__ROOT" >&2
+                reason="the sink root $root is not writable by uid $(id -u): mount a volume there that this user owns, or set TIDEMARK_SINK__ROOT"
+                echo "tidemark-entrypoint: $reason" >&2
+                # for the health check, as tidemark itself leaves its reasons
+                if [ -n "${TIDEMARK_EXIT_REASON_FILE:-}" ]; then
+                    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) $reason" > "$TIDEMARK_EXIT_REASON_FILE" 2>/dev/null || true
+                fi
                 exit 1
             fi
             ;;

@@ -31,3 +31,8 @@ def _unfenced() -> None:
     from tidemark import fencing
 
     fencing.install(fencing.Fence())
+
+
+# tests/compose drive podman and build images as root: `make test-compose` runs them, not
+# `make test` (which collects tests/ whole)
+collect_ignore = [] if os.environ.get("TIDEMARK_COMPOSE_TESTS") == "1" else ["compose"]

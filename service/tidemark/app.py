@@ -85,6 +85,9 @@ from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
 log = structlog.get_logger("tidemark.app")
 
+# errors whose message says what happened and what to do: logged without a traceback
+EXPLAINED = (TidemarkError, psycopg.OperationalError)
+
 AUDIT_EVERY_S = 30.0  # tables' transaction versions checked against the writers
 AUDIT_TABLES_PER_ROUND = 50
 # a deposed leader whose event loop has not stopped the service by then exits at once
@@ -240,6 +243,7 @@ class Service:
     async def run(self) -> None:
         """Run until stopped; raises the error that stopped it, if any."""
         settings = self.settings
+        failure: Exception | None = None
         return_freed_memory()
         tune_collector()
         self.metrics.up.set(1)
@@ -349,10 +353,14 @@ class Service:
                     error=str(exc),
                     type=type(exc).__name__,
                     phase=self.phase,
-                    exc_info=exc,
+                    # an error tidemark explains, or a connection refused, needs its
+                    # message (the CLI prints it with what to do), not a traceback
+                    exc_info=None if isinstance(exc, EXPLAINED) else exc,
                 )
             self.phase = "failed"
-            raise errors.exceptions[0] from None
+            # raised below, not here: Python before 3.11.4 wraps what an except* block
+            # raises in a new group, and the CLI would show a traceback, not the message
+            failure = errors.exceptions[0]
         finally:
             if self._deposed_exit is not None:  # (stopping on its own: no forced exit)
                 self._deposed_exit.cancel()
@@ -361,6 +369,8 @@ class Service:
             if self.lease is not None:  # after the walsender stopped: a standby may lead now
                 await self.lease.close()
                 self.metrics.leader.set(0)
+        if failure is not None:
+            raise failure from None
 
     async def _stand_by(self) -> bool:
         """Serve the API as a standby until the leader lease is ours (see tidemark.lease);

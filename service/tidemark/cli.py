@@ -23,6 +23,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from tidemark import exit_reason
 from tidemark.cli_args import (
     count,
     duration,
@@ -791,25 +792,30 @@ def _spark_error(exc: BaseException) -> str | None:
     )
 
 
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    print(f"tidemark: {message}", file=sys.stderr)
+    if args.func is cmd_run:  # for a container's health check (tidemark.exit_reason)
+        exit_reason.record(message)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"tidemark: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, str(exc), 2)
     except TidemarkError as exc:
-        print(f"tidemark: {exc}", file=sys.stderr)
-        return 1
+        return _fail(args, str(exc), 1)
     except OSError as exc:  # a file or socket the command needed
-        print(f"tidemark: {exc}", file=sys.stderr)
-        return 1
+        return _fail(args, str(exc), 1)
     except Exception as exc:
         explained = _source_error(exc) or _spark_error(exc)
         if explained is None:
+            if args.func is cmd_run:
+                exit_reason.record(f"unexpected error {type(exc).__name__}: {exc}")
             raise
-        print(f"tidemark: {explained}", file=sys.stderr)
-        return 1
+        return _fail(args, explained, 1)
     except KeyboardInterrupt:
         return 130
 

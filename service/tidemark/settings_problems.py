@@ -27,7 +27,7 @@ from pydantic_settings.exceptions import SettingsError
 from tidemark.errors import ConfigError
 
 # TIDEMARK_* variables that are not settings (read by the CLI, the tests, ...)
-NOT_SETTINGS = frozenset({"config", "url"})
+NOT_SETTINGS = frozenset({"config", "url", "exit_reason_file"})
 
 
 def _model(annotation: Any) -> type[BaseModel] | None:

@@ -4,9 +4,10 @@ docker-compose.yml, deploy/Dockerfile with its entrypoint and health check, the 
 unit and its environment file, Prometheus's configuration and alert rules, Grafana's
 provisioning and dashboard are parsed and checked against the CLI's parser, the
 settings model and the metrics registry. No Docker engine, Postgres or Spark is needed;
-the shell scripts run with a stand-in ``tidemark``. ``systemd-analyze verify`` runs
-when it is installed, ``promtool check rules`` when it is (else the structural checks
-alone). tests/integration/test_deploy.py runs the same environment for real.
+the shell scripts run with a stand-in ``tidemark``. ``promtool check rules`` runs when it
+is installed (else the structural checks alone); ``systemd-analyze`` and the unit's
+settings file: tests/unit/test_systemd_unit.py. tests/integration/test_deploy.py runs the
+same environment for real.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -31,7 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from tidemark import cli
+from tidemark import cli, exit_reason
 from tidemark.config import Settings, load_settings
 from tidemark.errors import ConfigError
 from tidemark.observability import Metrics
@@ -220,15 +220,17 @@ def init_sql() -> str:
 
 # -- docker-compose.yml -----------------------------------------------------------------------
 
-STACK = {"postgres", "workload", "tidemark", "postgres-exporter", "prometheus", "grafana"}
+STACK = {"postgres", "workload", "tidemark", "postgres-exporter", "prometheus"}
 SPARK_PROFILE = {"spark-master", "spark-worker", "spark-connect"}
 
 
 def test_compose_declares_the_stack_and_a_spark_profile() -> None:
     services = compose()["services"]
-    assert set(services) == STACK | SPARK_PROFILE | {"tidemark-standby"}
+    assert set(services) == STACK | SPARK_PROFILE | {"tidemark-standby", "grafana"}
     for name in SPARK_PROFILE:
         assert services[name]["profiles"] == ["spark"]
+    # no image for it where the compose tests run (tests/compose): a profile of its own
+    assert services["grafana"]["profiles"] == ["grafana"]
     for name in STACK:
         assert "profiles" not in services[name], f"{name} must start with a plain `up`"
 
@@ -306,8 +308,11 @@ def test_the_spark_profile_runs_pysparks_spark_from_tidemarks_image() -> None:
 
 
 def test_the_image_carries_the_spark_connect_client() -> None:
-    # [spark] remote needs the `connect` extra, which the image installs
-    assert any("install --no-cache-dir '.[connect]'" in run for run in instruction("RUN"))
+    # [spark] remote needs the `connect` extra: its dependencies in the image's first
+    # layer (read from pyproject.toml), then the package itself with it
+    runs = instruction("RUN")
+    assert any('p["optional-dependencies"]["connect"]' in run for run in runs)
+    assert any("install --no-cache-dir --no-deps '.[connect]'" in run for run in runs)
 
 
 def test_volumes_are_declared_used_and_bind_mounts_exist() -> None:
@@ -534,6 +539,8 @@ def test_the_workload_calls_the_procedure_the_init_sql_defines() -> None:
 def test_dockerfile_builds_a_slim_python_with_java_17_as_a_non_root_user() -> None:
     bases = instruction("FROM")
     assert bases and all(re.match(r"python:3\.11-slim-bookworm\b", b) for b in bases)
+    # the base can be swapped (the compose tests build on a local Debian with Python 3.11)
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in (DEPLOY / "Dockerfile").read_text()
     assert any("openjdk-17-jre-headless" in run for run in instruction("RUN"))
     user = instruction("USER")[-1]
     assert user not in ("root", "0")
@@ -542,7 +549,8 @@ def test_dockerfile_builds_a_slim_python_with_java_17_as_a_non_root_user() -> No
     assert instruction("HEALTHCHECK")[0].endswith('CMD ["tidemark-healthcheck"]')
     env = " ".join(instruction("ENV"))
     for key in re.findall(r"\b(TIDEMARK_\w+)=", env):
-        assert settings_key_exists(key), key
+        # a setting, or a variable the CLI reads (the exit reason file)
+        assert settings_key_exists(key) or key == exit_reason.ENV, key
 
 
 def dockerignored(path: str) -> bool:
@@ -644,27 +652,36 @@ def test_shell_scripts_parse() -> None:
         subprocess.run(["sh", "-n", str(script)], check=True, timeout=10)
 
 
-class _Readyz(BaseHTTPRequestHandler):
-    status = 200
+class _Service(BaseHTTPRequestHandler):
+    """/healthz and /readyz as tidemark answers them."""
+
+    ready = True
     role = "leader"
 
     def do_GET(self) -> None:
-        reasons = ["not streaming"] if self.role == "leader" else ["standby: lease held"]
-        body = json.dumps(
-            {"ready": self.status == 200, "role": self.role, "reasons": reasons}
-        ).encode()
-        self.send_response(self.status if self.path == "/readyz" else 404)
+        if self.path == "/healthz":
+            status, body = 200, {"status": "ok", "phase": "streaming", "role": self.role}
+        elif self.path == "/readyz":
+            reasons = [] if self.ready else ["shape 'orders_eu' failed: boom"]
+            if self.role == "standby":
+                reasons = ["standby: another instance holds the leader lease"]
+            ready = self.ready and self.role == "leader"
+            status, body = (200 if ready else 503), {"ready": ready, "reasons": reasons}
+        else:
+            status, body = 404, {}
+        data = json.dumps(body).encode()
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(data)
 
     def log_message(self, *args: object) -> None:
         pass
 
 
 @pytest.fixture
-def readyz_server() -> Iterator[tuple[ThreadingHTTPServer, type[_Readyz]]]:
-    handler = type("Handler", (_Readyz,), {})
+def service_server() -> Iterator[tuple[ThreadingHTTPServer, type[_Service]]]:
+    handler = type("Handler", (_Service,), {})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -673,8 +690,11 @@ def readyz_server() -> Iterator[tuple[ThreadingHTTPServer, type[_Readyz]]]:
     server.server_close()
 
 
-def healthcheck(port: int) -> subprocess.CompletedProcess[str]:
+def healthcheck(port: int, reason_file: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TIDEMARK_HTTP__HOST": "0.0.0.0", "TIDEMARK_HTTP__PORT": str(port)}
+    env.pop("TIDEMARK_EXIT_REASON_FILE", None)
+    if reason_file is not None:
+        env["TIDEMARK_EXIT_REASON_FILE"] = str(reason_file)
     return subprocess.run(
         [sys.executable, str(DEPLOY / "healthcheck.py")],
         env=env,
@@ -685,32 +705,47 @@ def healthcheck(port: int) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_healthcheck_follows_readyz(
-    readyz_server: tuple[ThreadingHTTPServer, type[_Readyz]],
+def test_healthcheck_is_liveness_and_says_what_readiness_says(
+    service_server: tuple[ThreadingHTTPServer, type[_Service]],
 ) -> None:
-    server, handler = readyz_server
+    server, handler = service_server
     port = server.server_address[1]
-    assert healthcheck(port).returncode == 0
-    handler.status = 503
-    not_ready = healthcheck(port)
-    assert not_ready.returncode == 1 and "not streaming" in not_ready.stdout
-    handler.role = "standby"  # waiting for the leader lease: healthy, not ready
+    ready = healthcheck(port)
+    assert ready.returncode == 0 and "ready" in ready.stdout
+    # a failed shape: not ready, but alive: the container must not be replaced for it
+    handler.ready = False
+    failed = healthcheck(port)
+    assert failed.returncode == 0 and "not ready" in failed.stdout and "boom" in failed.stdout
+    handler.role = "standby"  # waiting for the leader lease: alive, not ready
     standby = healthcheck(port)
     assert standby.returncode == 0 and "standby" in standby.stdout
+
+
+def test_healthcheck_says_why_tidemark_stopped(
+    service_server: tuple[ThreadingHTTPServer, type[_Service]], tmp_path: Path
+) -> None:
+    server, _ = service_server
+    port = server.server_address[1]
     server.shutdown()
     server.server_close()
-    gone = healthcheck(port)
+    gone = healthcheck(port, tmp_path / "exit-reason")
     assert gone.returncode == 1 and "does not answer" in gone.stdout
+    (tmp_path / "exit-reason").write_text(
+        "2026-11-27T09:00:00Z cannot log in to the source: password authentication failed\n"
+    )
+    stopped = healthcheck(port, tmp_path / "exit-reason")
+    assert stopped.returncode == 1
+    assert "stopped with: 2026-11-27T09:00:00Z cannot log in" in stopped.stdout
 
 
-def _readyz_url() -> Any:
+def _base_url() -> Any:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("healthcheck", DEPLOY / "healthcheck.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.readyz_url
+    return module.base_url
 
 
 @given(
@@ -720,8 +755,8 @@ def _readyz_url() -> Any:
     port=st.integers(min_value=1, max_value=65535),
 )
 def test_healthcheck_asks_the_address_the_service_listens_on(host: str, port: int) -> None:
-    url = urlsplit(_readyz_url()({"TIDEMARK_HTTP__HOST": host, "TIDEMARK_HTTP__PORT": str(port)}))
-    assert url.port == port and url.path == "/readyz"
+    url = urlsplit(_base_url()({"TIDEMARK_HTTP__HOST": host, "TIDEMARK_HTTP__PORT": str(port)}))
+    assert url.port == port
     assert url.hostname == ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host)
 
 
@@ -901,35 +936,8 @@ def test_unit_is_a_hardened_notify_service_with_a_watchdog() -> None:
     assert cli.parser().parse_args(args).func is cli.cmd_run
 
 
-def test_env_example_is_valid_settings_within_the_units_writable_paths(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_env_example_sets_only_settings_tidemark_knows() -> None:
+    # the settings file, its credential, systemd-analyze: tests/unit/test_systemd_unit.py
     env = env_example()
-    unknown = [k for k in env if not settings_key_exists(k)]
+    unknown = [k for k in env if k != "TIDEMARK_CONFIG" and not settings_key_exists(k)]
     assert not unknown, f"not settings of tidemark: {unknown}"
-    settings = settings_from(env, monkeypatch, tmp_path)
-    writable = [Path(p) for p in unit_value("ReadWritePaths").split()]
-    assert any(Path(settings.sink.root).is_relative_to(p) for p in writable)
-    assert Path(unit_value("WorkingDirectory")) in writable
-    assert int(unit_value("TimeoutStopSec")) > settings.shutdown_grace_s
-    assert [s.where for s in settings.shapes] == ["region = 'eu'", None]
-    for shape in settings.shapes:
-        ShapeDefinition(**shape.model_dump())
-
-
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
-def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
-    # verify insists that ExecStart's program exists: point it at one that does
-    unit = (DEPLOY / "systemd" / "tidemark.service").read_text()
-    executable = unit_value("ExecStart").split()[0]
-    copy = tmp_path / "tidemark.service"
-    copy.write_text(unit.replace(executable, sys.executable))
-    result = subprocess.run(
-        ["systemd-analyze", "verify", str(copy)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    # unknown keys and bad values are only warnings (exit 0): any output is a failure
-    assert (result.returncode, result.stderr.strip(), result.stdout.strip()) == (0, "", "")

@@ -54,6 +54,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from tidemark import exit_reason
 from tidemark.api import problems
 from tidemark.api.openapi import openapi_document
 from tidemark.api.paging import BadQuery, ShapeQuery
@@ -456,6 +457,7 @@ async def serve(service: ServiceView) -> None:
     sockets = server.sockets if server is not None else []
     service.http_port = sockets[0].getsockname()[1] if sockets else http.port
     log.info("http.listening", host=http.host, port=service.http_port)
+    exit_reason.clear()  # up again: a reason the last run left is history
     try:
         await asyncio.Event().wait()
     finally:

@@ -1,0 +1,153 @@
+"""The compose tests' handle on podman: a compose project, its containers and health."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+OVERLAY = REPO / "deploy" / "podman" / "compose.podman.yml"
+PROJECT = "tidemark"  # the compose file's `name`
+PG_PORT, API_PORT, STANDBY_PORT, PROMETHEUS_PORT = 25432, 28765, 28766, 29090
+PG_DSN = f"postgresql://postgres:postgres@127.0.0.1:{PG_PORT}/shop"
+IMAGE = "localhost/tidemark:0.1.0"
+
+
+def podman_compose() -> str:
+    found = shutil.which("podman-compose", path=str(Path(sys.executable).parent))
+    found = found or shutil.which("podman-compose")
+    if found is None or shutil.which("podman") is None:
+        pytest.fail("podman and podman-compose are needed: run `make test-compose` (as root)")
+    return found
+
+
+def run(argv: Sequence[str], timeout: float = 300, check: bool = True) -> str:
+    result = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(argv)} exited {result.returncode}:\n{result.stdout[-3000:]}\n"
+            f"{result.stderr[-3000:]}"
+        )
+    return result.stdout
+
+
+class Stack:
+    """One compose project: the repository's file, the podman overlay, maybe more."""
+
+    def __init__(self, project: str, extra_files: Sequence[Path] = ()) -> None:
+        self.project = project
+        self.files = [REPO / "docker-compose.yml", OVERLAY, *extra_files]
+
+    def compose(self, *args: str, profiles: Sequence[str] = (), timeout: float = 300) -> str:
+        argv = [podman_compose(), "-p", self.project]
+        for f in self.files:
+            argv += ["-f", str(f)]
+        for p in profiles:
+            argv += ["--profile", p]
+        return run([*argv, *args], timeout=timeout)
+
+    def container(self, service: str) -> str:
+        return f"{self.project}_{service}_1"
+
+    def state(self, service: str) -> dict[str, Any]:
+        out = run(["podman", "inspect", "--format", "{{json .State}}", self.container(service)])
+        return dict(json.loads(out))
+
+    def logs(self, service: str) -> str:
+        result = subprocess.run(
+            ["podman", "logs", self.container(service)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return result.stdout + result.stderr
+
+    def healthcheck(self, service: str) -> tuple[bool, str]:
+        """Run the container's health check now (podman 4.3 runs them on systemd timers
+        only, and there is no systemd here) and return (healthy, what it printed)."""
+        name = self.container(service)
+        done = subprocess.run(
+            ["podman", "healthcheck", "run", name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        output = ""
+        try:
+            log = self.state(service).get("Health", {}).get("Log") or []
+            output = log[-1].get("Output", "") if log else ""
+        except AssertionError:
+            pass
+        return done.returncode == 0, output.strip() or done.stderr.strip()
+
+    def wait_healthy(self, service: str, timeout: float) -> float:
+        start = time.monotonic()
+        said = ""
+        while time.monotonic() - start < timeout:
+            healthy, said = self.healthcheck(service)
+            if healthy:
+                return time.monotonic() - start
+            time.sleep(1)
+        raise AssertionError(
+            f"{service} not healthy within {timeout:.0f} s (health check: {said});"
+            f" last log lines:\n{self.logs(service)[-4000:]}"
+        )
+
+    def volumes(self) -> set[str]:
+        out = run(["podman", "volume", "ls", "--format", "{{.Name}}"])
+        return {v for v in out.split() if v.startswith(f"{self.project}_")}
+
+    def down(self, volumes: bool = False, profiles: Sequence[str] = ()) -> None:
+        # tidemark first: podman-compose stops every container at once, and a Postgres
+        # with tidemark's walsender attached waits for it before it shuts down
+        for service in ("tidemark-standby", "tidemark"):
+            if self.running(service):
+                self.compose("stop", service, profiles=profiles, timeout=120)
+        self.compose("down", *(["-v"] if volumes else []), profiles=profiles, timeout=300)
+
+    def running(self, service: str) -> bool:
+        result = subprocess.run(
+            ["podman", "inspect", "--format", "{{.State.Running}}", self.container(service)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return result.stdout.strip() == "true"
+
+
+def http_json(url: str, timeout: float = 10) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def eventually(what: str, check: Callable[[], Any], timeout: float, every: float = 1) -> Any:
+    start = time.monotonic()
+    last: Any = None
+    while time.monotonic() - start < timeout:
+        try:
+            last = check()
+        except (OSError, ValueError) as exc:  # not answering yet
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
