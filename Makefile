@@ -109,7 +109,9 @@ lint: setup
 	$(VENV)/bin/ruff format --check service tests bench
 	$(VENV)/bin/mypy
 
-demo: setup
+# Java and the package only: the system packages of `setup` (Prometheus, FUSE, chromium)
+# and the container engine are for the tests, not for trying tidemark out.
+demo: java $(STAMP)
 	$(PY) -m tidemark demo $(if $(FORMAT),--format $(FORMAT),)
 
 bench: setup

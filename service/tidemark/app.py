@@ -43,7 +43,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,10 @@ class Service:
         self.client: ReplicationClient | None = None
         self.monitor: ReplicationMonitor | None = None
         self._stop = asyncio.Event()
+        # set while the leader lease is unconfirmed (writes suspended): a final flush
+        # that meets it gives up instead of waiting out the grace period
+        self._lease_unconfirmed = asyncio.Event()
+        self._fence = fencing.current()
         self._deposed = asyncio.Event()  # a newer leader took over (tidemark.fencing)
         self._deposed_exit: threading.Timer | None = None
         self.consumer = StreamConsumer(self.collector, self.metrics, on_started=self._started)
@@ -341,8 +345,12 @@ class Service:
                     group.create_task(serve(self), name="http"),
                 ]
                 if self.lease is not None:
-                    fence = fencing.current()
-                    hold = self.lease.hold(suspend=fence.suspend, resume=fence.resume)
+                    self._fence = fencing.current()  # the one this leadership installed
+                    hold = self.lease.hold(
+                        suspend=self._suspend_writes,
+                        resume=self._resume_writes,
+                        stopping=self._source_stopping,
+                    )
                     tasks.append(group.create_task(hold, name="lease"))
                     tasks.append(group.create_task(self._watch_fence(), name="fence"))
                 group.create_task(self._shutdown_when_asked(tasks), name="shutdown")
@@ -478,6 +486,40 @@ class Service:
             systemd.notify("WATCHDOG=1")
             await asyncio.sleep(interval)
 
+    def _suspend_writes(self, reason: str) -> None:
+        self._fence.suspend(reason)
+        self._lease_unconfirmed.set()
+
+    def _resume_writes(self) -> None:
+        self._fence.resume()
+        if self._fence.suspended is None:
+            self._lease_unconfirmed.clear()
+
+    def _source_stopping(self, reason: str) -> None:
+        """The source is shutting down (tidemark.lease saw it): end the stream, whose
+        walsender would otherwise hold the server's shutdown until wal_sender_timeout;
+        the client connects again once the server is back."""
+        if self.client is not None:
+            self.client.drop_stream(f"the source is shutting down ({reason})")
+
+    async def _flush_unless_unconfirmed(self, flush: Coroutine[Any, Any, Any]) -> bool:
+        """Run the final flush unless the lease is or becomes unconfirmed meanwhile;
+        True if it ran to the end."""
+        flushing = asyncio.ensure_future(flush)
+        unconfirmed = asyncio.ensure_future(self._lease_unconfirmed.wait())
+        try:
+            await asyncio.wait({flushing, unconfirmed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            unconfirmed.cancel()
+        if flushing.done():
+            flushing.result()
+            return True
+        flushing.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await flushing
+        log.warning("service.stopping_unflushed", reason=fencing.current().suspended)
+        return False
+
     async def _shutdown_when_asked(self, tasks: list[asyncio.Task[Any]]) -> None:
         await self._stop.wait()
         self.phase = "stopping"
@@ -490,12 +532,17 @@ class Service:
         try:
             async with asyncio.timeout(self.settings.shutdown_grace_s):
                 assert self.scheduler is not None and self.client is not None
-                # the open transaction (if any) is not committed: Postgres re-sends it
-                await self.scheduler.flush_all()
-                self._write_frontiers()
+                # the open transaction (if any) is not committed: Postgres re-sends it.
+                # Nothing can be committed without the lease either (the source stops,
+                # say): what is buffered then is not acknowledged, and is sent again
+                if await self._flush_unless_unconfirmed(self.scheduler.flush_all()):
+                    self._write_frontiers()
                 await self.client.stop()
         except TimeoutError:
             log.error("service.shutdown_timeout", grace_s=self.settings.shutdown_grace_s)
+        # a commit still waiting for the lease in a worker thread gives up now: the
+        # process would wait for that thread before it exits
+        fencing.current().stop_waiting()
         for task in tasks:
             task.cancel()
         self.phase = "stopped"

@@ -125,6 +125,7 @@ class Fence:
         self._lock = threading.Lock()
         self._settled = threading.Event()  # not suspended (set) or deposed: no wait
         self._settled.set()
+        self._no_waiting = False  # the service stops: a suspended write fails at once
 
     @property
     def active(self) -> bool:
@@ -224,7 +225,7 @@ class Fence:
             on_loop = True
         except RuntimeError:
             on_loop = False
-        if not on_loop:
+        if not on_loop and not self._no_waiting:
             self._settled.wait(SUSPENDED_WAIT_S)
         if self.deposed is not None:
             raise Deposed(self.deposed)
@@ -236,6 +237,13 @@ class Fence:
             log.warning("lease.writes_suspended", epoch=self.epoch, reason=reason)
         self.suspended = reason
         self._settled.clear()
+
+    def stop_waiting(self) -> None:
+        """The service stops: writes waiting for the lease (and any later one) fail now
+        with ``LeaseUnconfirmed`` instead of waiting up to ``SUSPENDED_WAIT_S`` (which
+        would hold the process after its last task ended)."""
+        self._no_waiting = True
+        self._settled.set()
 
     def resume(self) -> None:
         """The lease is confirmed again: writes go on if no newer leader came meanwhile."""

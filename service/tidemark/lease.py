@@ -58,6 +58,14 @@ class LeaseLost(TidemarkError):
     """The leader's lease connection broke: another instance may lead now."""
 
 
+def source_stopping(exc: BaseException) -> bool:
+    """Whether ``exc`` says the source server is shutting down: it ended our session
+    (57P01, also what ``pg_terminate_backend`` gives) or refuses new ones (57P03)."""
+    if isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow):
+        return True
+    return "the database system is shutting down" in str(exc)
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     """Who holds the lease, as the source sees it."""
@@ -186,13 +194,17 @@ class LeaderLease:
         self,
         suspend: Callable[[str], None] = lambda reason: None,
         resume: Callable[[], None] = lambda: None,
+        stopping: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """Check the lease until cancelled, every ``check_s``, each check bounded so that
         the last confirmation is never older than ``deadline_s``. When a check fails
         or times out (a source restart, a network cut, a backend that hangs), the lock
         may be gone with it: ``suspend(reason)`` at once (writes stop), then take the
         lock again if nobody else has it (the source restarted under us) and
-        ``resume()``, else ``LeaseLost``."""
+        ``resume()``, else ``LeaseLost``. ``stopping(reason)`` when the failure says
+        the source is shutting down (``source_stopping``): its walsender waits for our
+        stream to end before the server can stop, and without the lease nothing we
+        receive can be committed meanwhile."""
         confirmed = time.monotonic()
         while True:
             await asyncio.sleep(self.check_s)
@@ -208,10 +220,12 @@ class LeaderLease:
                     f"the lease was not confirmed within {self.deadline_s:g} s"
                 )
                 suspend(f"the leader lease on slot '{self.slot}' is not confirmed: {cause}")
+                if source_stopping(exc):
+                    stopping(cause)
                 self.held = False
                 await self.close()
                 log.warning("lease.connection_lost", slot=self.slot, error=cause)
-                await self._take_back(cause)
+                await self._take_back(cause, stopping)
                 resume()
                 confirmed = time.monotonic()
 
@@ -240,7 +254,7 @@ class LeaderLease:
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
 
-    async def _take_back(self, cause: str) -> None:
+    async def _take_back(self, cause: str, stopping: Callable[[str], None]) -> None:
         ours = self._backend  # the session just given up: it may hold the lock a while
         while True:
             try:
@@ -250,6 +264,8 @@ class LeaderLease:
                         return
             except (psycopg.OperationalError, TimeoutError) as exc:
                 log.warning("lease.retake_failed", slot=self.slot, error=str(exc).strip())
+                if source_stopping(exc):
+                    stopping(str(exc).strip())
                 await self.close()  # the source is still away: try again
                 await asyncio.sleep(self.check_s)
                 continue

@@ -111,13 +111,12 @@ class Stack:
         out = run(["podman", "volume", "ls", "--format", "{{.Name}}"])
         return {v for v in out.split() if v.startswith(f"{self.project}_")}
 
-    def down(self, volumes: bool = False, profiles: Sequence[str] = ()) -> None:
-        # tidemark first: podman-compose stops every container at once, and a Postgres
-        # with tidemark's walsender attached waits for it before it shuts down
-        for service in ("tidemark-standby", "tidemark"):
-            if self.running(service):
-                self.compose("stop", service, profiles=profiles, timeout=120)
+    def down(self, volumes: bool = False, profiles: Sequence[str] = ()) -> float:
+        """``compose down`` as users run it (podman-compose stops every container at
+        once: tidemark and Postgres stop together); returns the seconds it took."""
+        started = time.monotonic()
         self.compose("down", *(["-v"] if volumes else []), profiles=profiles, timeout=300)
+        return time.monotonic() - started
 
     def running(self, service: str) -> bool:
         result = subprocess.run(

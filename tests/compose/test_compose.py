@@ -243,7 +243,11 @@ def test_the_ha_standby_streams_within_15_s_of_the_leaders_death(stack: Stack) -
 
 def test_down_keeps_the_volumes_and_down_v_removes_them(stack: Stack) -> None:
     before = assert_lake_equals_postgres(stack, API_PORT)
-    stack.down()
+    took = stack.down()
+    print(f"\ncompose down took {took:.1f} s")
+    # tidemark and Postgres stop together: neither waits for the other (the grace
+    # periods are 45 s and 10 s)
+    assert took < 30, f"compose down took {took:.1f} s"
     assert {f"{PROJECT}_pgdata", f"{PROJECT}_sink", f"{PROJECT}_prometheus-data"} <= (
         stack.volumes()
     )

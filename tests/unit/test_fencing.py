@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,36 @@ def test_suspended_writes_fail_until_resumed(
     fence.resume()
     with pytest.raises(fencing.Deposed):
         fence.check()
+
+
+def test_a_stopping_service_lets_waiting_writes_fail_at_once(tmp_path: Path) -> None:
+    # a commit in a worker thread waits for the lease (up to SUSPENDED_WAIT_S, 30 s);
+    # the process could not exit before that thread ends
+    fence = fencing.Fence(tmp_path, fencing.advance(tmp_path, "me"))
+    fence.suspend("the source is shutting down")
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            fence.check()
+        except fencing.LeaseUnconfirmed as exc:
+            failed.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(0.2)
+    assert writer.is_alive()  # waiting for the lease
+    started = time.monotonic()
+    fence.stop_waiting()
+    writer.join(timeout=5)
+    assert not writer.is_alive() and time.monotonic() - started < 2
+    assert len(failed) == 1
+    # and no later write waits either
+    fence.suspend("still")
+    started = time.monotonic()
+    with pytest.raises(fencing.LeaseUnconfirmed):
+        threading.Thread(target=fence.check).run()
+    assert time.monotonic() - started < 1
 
 
 def test_without_a_lease_nothing_is_checked_or_carried(tmp_path: Path) -> None:

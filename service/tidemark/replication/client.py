@@ -185,6 +185,9 @@ class ReplicationClient:
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._flush_cb: list[Callable[[StatusUpdate], None]] = []
+        self._dropping: str | None = None  # end the current stream: why (drop_stream)
+        self._reading: asyncio.Future[None] | None = None  # the read loop's wait
+        self._closing: set[asyncio.Future[None]] = set()
 
     # -- inputs from the pipeline --------------------------------------------
 
@@ -202,6 +205,23 @@ class ReplicationClient:
 
     def on_status_sent(self, callback: Callable[[StatusUpdate], None]) -> None:
         self._flush_cb.append(callback)
+
+    def drop_stream(self, reason: str) -> None:
+        """End the current stream now and connect again later, as after a connection
+        loss (nothing is acknowledged beyond what is durable; Postgres sends the rest
+        again). For a source that is shutting down: its walsender keeps the server from
+        stopping until this client confirms everything sent, or goes."""
+        if self._conn is None or self._stopping:
+            return
+        log.warning("replication.dropping_stream", reason=reason)
+        self._dropping = reason
+        if self._reading is not None and not self._reading.done():
+            self._reading.set_result(None)
+        # closed at once, wherever the read loop is (waiting for the consumer, say): the
+        # walsender goes, and the loop finds the connection gone and connects again
+        closing = asyncio.ensure_future(self._close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -238,6 +258,10 @@ class ReplicationClient:
                     retry_in_s=round(delay, 2),
                     attempt=attempt,
                 )
+                # closed before the wait: a walsender still attached (a stream dropped
+                # on purpose) would keep a stopping server from stopping meanwhile
+                self.stats.connected = False
+                await self._close()
                 await asyncio.sleep(delay)
             finally:
                 self.stats.connected = False
@@ -611,11 +635,20 @@ class ReplicationClient:
             if readable
             else (loop.add_writer, loop.remove_writer)
         )
+        if self._dropping is not None:
+            reason, self._dropping = self._dropping, None
+            raise ConnectionLost(f"stream dropped: {reason}")
         add(fd, ready)
+        if readable:
+            self._reading = fut
         try:
             await within(fut, timeout)
         finally:
             remove(fd)
+            self._reading = None
+        if self._dropping is not None:
+            reason, self._dropping = self._dropping, None
+            raise ConnectionLost(f"stream dropped: {reason}")
 
 
 def _parse_duration_s(text: str) -> float:
