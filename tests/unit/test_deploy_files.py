@@ -30,6 +30,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from tests.systemd_env import systemd_env_file
 
 from tidemark import cli, exit_reason
 from tidemark.config import Settings, load_settings
@@ -196,22 +197,6 @@ def unit_value(key: str) -> str:
     values = [v for _, k, v in unit_entries() if k == key]
     assert values, f"the unit has no {key}="
     return values[-1]
-
-
-def systemd_env_file(text: str) -> dict[str, str]:
-    """EnvironmentFile= syntax: KEY=VALUE, '...' taken as is, "..." with \\ escapes."""
-    out = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        key, _, value = line.partition("=")
-        if value[:1] == "'" and value.endswith("'"):
-            value = value[1:-1]
-        elif value[:1] == '"' and value.endswith('"'):
-            value = re.sub(r'\\([\\"$`])', r"\1", value[1:-1])
-        out[key.strip()] = value
-    return out
 
 
 def init_sql() -> str:

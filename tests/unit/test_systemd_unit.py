@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
+from tests.systemd_env import systemd_env_file
 
 from tidemark.config import Settings, is_loopback, load_settings
 from tidemark.shapes.model import ShapeDefinition
@@ -89,23 +90,7 @@ def unit_environment() -> dict[str, str]:
     """Environment= of the unit (no quoting in it), then the environment file over it,
     as systemd applies them."""
     env = dict(item.split("=", 1) for v in unit_values("Environment") for item in v.split())
-    return env | env_file(ENV_FILE.read_text())
-
-
-def env_file(text: str) -> dict[str, str]:
-    """EnvironmentFile= syntax: KEY=VALUE, '...' taken as is, "..." with \\ escapes."""
-    out = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        key, _, value = line.partition("=")
-        if value[:1] == "'" and value.endswith("'"):
-            value = value[1:-1]
-        elif value[:1] == '"' and value.endswith('"'):
-            value = re.sub(r'\\([\\"$`])', r"\1", value[1:-1])
-        out[key.strip()] = value
-    return out
+    return env | systemd_env_file(ENV_FILE.read_text())
 
 
 def credentials() -> dict[str, str]:
