@@ -1,8 +1,9 @@
-"""systemd's EnvironmentFile= syntax, for the tests of deploy/systemd."""
+"""systemd's unit file and EnvironmentFile= syntax, for the tests of deploy/systemd."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 
 def systemd_env_file(text: str) -> dict[str, str]:
@@ -18,4 +19,19 @@ def systemd_env_file(text: str) -> dict[str, str]:
         elif value[:1] == '"' and value.endswith('"'):
             value = re.sub(r'\\([\\"$`])', r"\1", value[1:-1])
         out[key.strip()] = value
+    return out
+
+
+def unit_entries(unit: Path) -> list[tuple[str, str, str]]:
+    """(section, key, value) of every setting of a unit file, comments skipped, in order."""
+    section, out = "", []
+    for line in unit.read_text().splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        out.append((section, key.strip(), value.strip()))
     return out

@@ -31,6 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 from tests.systemd_env import systemd_env_file
+from tests.systemd_env import unit_entries as systemd_unit_entries
 
 from tidemark import cli, exit_reason
 from tidemark.config import Settings, load_settings
@@ -180,17 +181,7 @@ def instruction(name: str) -> list[str]:
 
 
 def unit_entries() -> list[tuple[str, str, str]]:
-    section, out = "", []
-    for line in (DEPLOY / "systemd" / "tidemark.service").read_text().splitlines():
-        line = line.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("["):
-            section = line.strip("[]")
-            continue
-        key, _, value = line.partition("=")
-        out.append((section, key.strip(), value.strip()))
-    return out
+    return systemd_unit_entries(DEPLOY / "systemd" / "tidemark.service")
 
 
 def unit_value(key: str) -> str:

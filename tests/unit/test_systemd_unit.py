@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 from tests.systemd_env import systemd_env_file
+from tests.systemd_env import unit_entries as systemd_unit_entries
 
 from tidemark.config import Settings, is_loopback, load_settings
 from tidemark.shapes.model import ShapeDefinition
@@ -62,18 +63,7 @@ needs_analyze = pytest.mark.skipif(analyze is None, reason="systemd-analyze is n
 
 
 def unit_entries() -> list[tuple[str, str, str]]:
-    """(section, key, value) of every setting, comments skipped, in order."""
-    section, out = "", []
-    for line in UNIT.read_text().splitlines():
-        line = line.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("["):
-            section = line.strip("[]")
-            continue
-        key, _, value = line.partition("=")
-        out.append((section, key.strip(), value.strip()))
-    return out
+    return systemd_unit_entries(UNIT)
 
 
 def unit_values(key: str) -> list[str]:
