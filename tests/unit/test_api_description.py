@@ -30,7 +30,7 @@ from tidemark.api import problems
 from tidemark.api.openapi import openapi_document
 from tidemark.api.paging import MAX_LIMIT, BadQuery, ShapeQuery
 from tidemark.api.server import MAX_WAIT_S, build_app
-from tidemark.api.shape_view import SHAPE_STATES, iso_time, time_json
+from tidemark.api.shape_view import SHAPE_STATES, epoch, iso_time, time_json
 from tidemark.cli import _check
 from tidemark.config import Settings
 from tidemark.errors import TidemarkError
@@ -294,7 +294,15 @@ def test_a_time_is_iso_utc_to_the_millisecond_and_the_same_instant_as_its_epoch(
     parsed = datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
     assert abs(parsed - ts) <= 0.0005 + 1e-6
     event = time_json(ts, reason="r")
-    assert event == {"at": text, "epoch": round(ts, 3), "reason": "r"}
+    assert event == {"at": text, "epoch": epoch(ts), "reason": "r"}
+    assert abs(parsed - event["epoch"]) < 1e-6  # the same millisecond, not a neighbour
+
+
+def test_a_time_and_its_epoch_round_a_half_millisecond_the_same_way() -> None:
+    # round(ts, 3) gives ...441 here while the ISO string says ...442 (CI saw this)
+    ts = 1795778477.4415
+    event = time_json(ts)
+    assert event is not None and event["at"].endswith(".442Z") and event["epoch"] == 1795778477.442
 
 
 def test_times_round_to_the_nearest_millisecond_across_a_second() -> None:

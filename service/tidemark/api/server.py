@@ -59,7 +59,7 @@ from tidemark.api import problems
 from tidemark.api.openapi import openapi_document
 from tidemark.api.paging import BadQuery, ShapeQuery
 from tidemark.api.problems import Problem, problem
-from tidemark.api.shape_view import iso_time, lsn_json, shape_json
+from tidemark.api.shape_view import epoch, iso_time, lsn_json, shape_json
 from tidemark.api.status_page import status_page
 from tidemark.conninfo import redact_text
 from tidemark.durable import full_disk
@@ -173,7 +173,7 @@ async def healthz(request: web.Request) -> web.Response:
             "phase": service.phase,
             "role": service.role,
             "started_at": iso_time(service.started_at),
-            "started_at_epoch": round(service.started_at, 3),
+            "started_at_epoch": epoch(service.started_at),
             "uptime_s": round(time.time() - service.started_at, 1),
         }
     )
@@ -334,7 +334,7 @@ def progress_json(service: ServiceView) -> dict[str, Any]:
             "lag_bytes": sample.lag_bytes,
             "replay_lag_s": sample.replay_lag_s,
             "sampled_at": iso_time(sample.taken_at),
-            "sampled_at_epoch": round(sample.taken_at, 3),
+            "sampled_at_epoch": epoch(sample.taken_at),
             "age_s": round(max(0.0, time.time() - sample.taken_at), 1),
         }
     return {

@@ -38,6 +38,12 @@ def lsn_json(value: int | None) -> dict[str, Any] | None:
     return None if value is None else {"lsn": format_lsn(value), "value": value}
 
 
+def epoch(ts: float) -> float:
+    """Unix time to the millisecond, the same millisecond ``iso_time`` writes
+    (``round(ts, 3)`` can round the other way from ``round(ts * 1000)``)."""
+    return round(ts * 1000) / 1000
+
+
 def iso_time(ts: float) -> str:
     """Unix time as ISO 8601 UTC to the millisecond: ``2026-11-27T05:00:00.123Z``."""
     millis = round(ts * 1000)
@@ -47,7 +53,7 @@ def iso_time(ts: float) -> str:
 
 def time_json(ts: float | None, **more: Any) -> dict[str, Any] | None:
     """An event's time: ``{"at": iso, "epoch": seconds, **more}`` (None: never)."""
-    return None if ts is None else {"at": iso_time(ts), "epoch": round(ts, 3), **more}
+    return None if ts is None else {"at": iso_time(ts), "epoch": epoch(ts), **more}
 
 
 def not_ready_reason(
@@ -173,7 +179,7 @@ def continuity_json(service: ServiceView, name: str) -> dict[str, Any]:
     last = store.last_invalidation(name)
     return {
         "since": None if claim is None else iso_time(claim.since),
-        "since_epoch": None if claim is None else round(claim.since, 3),
+        "since_epoch": None if claim is None else epoch(claim.since),
         "from": lsn_json(None if claim is None else claim.snapshot_lsn),
         "stream": None
         if stream is None
