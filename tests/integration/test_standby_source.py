@@ -157,9 +157,10 @@ async def test_a_standby_is_a_source_and_its_promotion_keeps_the_stream(
             assert stream.system_id == system_identifier(standby_dsn)
             assert slot_on(standby_dsn, "tm_e2e")
             # when the standby is promoted (the primary goes away)
+            snapshots.stop.set()
+            snapshots.join()
             primary.stop()
             standby.promote()
-            snapshots.stop.set()
             # then the stream goes on from the same slot
             await asyncio.to_thread(workload, standby_dsn, 6000)
             async with asyncio.timeout(120):
