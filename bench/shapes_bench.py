@@ -8,7 +8,8 @@ how long the acknowledgement takes to reach the last commit after the load stops
 
 Usage: ``python -m bench shapes`` (N = 10, 100, 1000; ``TIDEMARK_BENCH_SHAPES=10,100``
 to choose; ``TIDEMARK_BENCH_MAX_AGE=0.5`` and ``TIDEMARK_BENCH_MIN_AGE=0.5`` to try
-other ``flush.max_age_s`` and ``flush.min_age_s``; both the same: a fixed age).
+other ``flush.max_age_s`` and ``flush.min_age_s``; both the same: a fixed age;
+``TIDEMARK_BENCH_WARM=0``: without the service's warm-up of a fresh JVM).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ MAX_AGE = os.environ.get("TIDEMARK_BENCH_MAX_AGE")  # default: the service's own
 MIN_AGE = os.environ.get("TIDEMARK_BENCH_MIN_AGE")  # = MAX_AGE: a fixed flush age
 # "0": without current-state tables (their refreshes share Spark with the flushes)
 CURRENT = os.environ.get("TIDEMARK_BENCH_CURRENT", "1") != "0"
+# "0": without the service's warm-up of a fresh JVM (``[spark] warm_up``)
+WARM = os.environ.get("TIDEMARK_BENCH_WARM", "1") != "0"
 
 
 def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
@@ -54,6 +57,7 @@ def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
             "http": {"port": 0},
             "monitor": {"period_s": 0.5},
             "current": {"enabled": CURRENT},
+            "spark": {"warm_up": WARM},
             "flush": {
                 **({"max_age_s": float(MAX_AGE)} if MAX_AGE else {}),
                 **({"min_age_s": float(MIN_AGE)} if MIN_AGE else {}),

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Coroutine
@@ -78,9 +79,10 @@ from tidemark.shapeset import ShapeSet, ShapeStatus
 from tidemark.sink import table_format
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
 from tidemark.sink.root import claim_root
+from tidemark.spark import in_background
 from tidemark.stalls import Stall, StallWatch
 from tidemark.upkeep import CurrentKeeper
-from tidemark.writers.job import CommitResult
+from tidemark.writers.job import CommitResult, needs_warm_up, warm_up
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
 log = structlog.get_logger("tidemark.app")
@@ -160,6 +162,7 @@ class Service:
         self.client: ReplicationClient | None = None
         self.monitor: ReplicationMonitor | None = None
         self._stop = asyncio.Event()
+        self._warm_stop = threading.Event()  # ends the warm-up (a stop, a failure)
         # set while the leader lease is unconfirmed (writes suspended): a final flush
         # that meets it gives up instead of waiting out the grace period
         self._lease_unconfirmed = asyncio.Event()
@@ -248,6 +251,7 @@ class Service:
         """Run until stopped; raises the error that stopped it, if any."""
         settings = self.settings
         failure: Exception | None = None
+        warming: asyncio.Task[None] | None = None
         return_freed_memory()
         tune_collector()
         self.metrics.up.set(1)
@@ -269,6 +273,7 @@ class Service:
                     spark_cfg.app_name,
                     spark_cfg.remote,
                 )
+            warming = asyncio.create_task(self._warm_up(), name="warm-up")
             await asyncio.to_thread(
                 claim_root, settings.sink.root, settings.sink.format, settings.iceberg
             )
@@ -370,6 +375,10 @@ class Service:
             # raises in a new group, and the CLI would show a traceback, not the message
             failure = errors.exceptions[0]
         finally:
+            self._warm_stop.set()
+            if warming is not None:
+                warming.cancel()
+                await asyncio.gather(warming, return_exceptions=True)
             if self._deposed_exit is not None:  # (stopping on its own: no forced exit)
                 self._deposed_exit.cancel()
             self.metrics.up.set(0)
@@ -379,6 +388,24 @@ class Service:
                 self.metrics.leader.set(0)
         if failure is not None:
             raise failure from None
+
+    async def _warm_up(self) -> None:
+        """Warm a fresh local JVM's write path in Spark's background pool while the
+        service starts (``writers.job.warm_up``); a standby warms while it waits, so a
+        takeover meets the backlog with compiled code. Never a reason to stop."""
+        spark = self.spark
+        if not self.settings.spark.warm_up or not needs_warm_up(spark):
+            return
+        started = time.monotonic()
+        try:
+            scratch = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="tidemark-warm-"))
+            rounds = await asyncio.to_thread(
+                in_background, spark, warm_up, spark, scratch, self._warm_stop
+            )
+        except Exception as exc:  # only ever slower without it
+            log.warning("spark.warm_up_failed", error=str(exc), type=type(exc).__name__)
+            return
+        log.info("spark.warmed", rounds=rounds, seconds=round(time.monotonic() - started, 2))
 
     async def _stand_by(self) -> bool:
         """Serve the API as a standby until the leader lease is ours (see tidemark.lease);

@@ -282,6 +282,12 @@ class SparkSettings(_Section):
     )
     app_name: str = "tidemark"
     conf: dict[str, str] = Field(default_factory=dict)
+    warm_up: bool = Field(
+        default=True,
+        description="in local mode, run the flush write path on made-up rows in a scratch "
+        "folder when the JVM is fresh (a few seconds of background Spark work at start), "
+        "so a restarted service meets its backlog with compiled code",
+    )
 
     @field_validator("master")
     @classmethod

@@ -591,3 +591,88 @@ def _adopt(table: ChangelogTable, folder: Path) -> list[DataFile]:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(folder, target)
     return table.files_in(rel)
+
+
+# What a fresh JVM's first rounds cost: Spark's code runs interpreted until the JVM has
+# compiled it, so a service just (re)started (a crash, a deploy, a failover) meets its
+# backlog slowly. ``warm_up`` runs a round's write path on made-up rows of common column
+# types into a scratch folder outside the root while the service starts, then deletes
+# it. Most of the first round's cost is paid once (the write path's code loaded and
+# started), so one small round does most of the good: `python -m bench shapes` at 100
+# shapes as a fresh JVM's first work, ack lag p99 3.2-4.0 s without, 2.1-2.4 s with it
+# (more rounds, still running when the load began, did worse; docs/benchmarks/history).
+WARM_COLUMNS: tuple[ColumnSpec, ...] = (
+    ColumnSpec("id", 20),  # bigint
+    ColumnSpec("n", 23),  # integer
+    ColumnSpec("name", 25),  # text
+    ColumnSpec("amount", 1700, (12 << 16 | 2) + 4),  # numeric(12,2)
+    ColumnSpec("at", 1184),  # timestamptz
+    ColumnSpec("flag", 16),  # boolean
+)
+WARM_ROUNDS, WARM_MEMBERS, WARM_ROWS = 1, 2, 10
+_WARMED: set[str] = set()  # the Spark applications warmed in this process
+
+
+def warm_rows(count: int, first_op: int = 0) -> Rows:
+    """``count`` inserted rows of ``WARM_COLUMNS`` as the stream buffers them."""
+    rows = Rows()
+    for i in range(count):
+        text = str(i).encode()
+        values = (
+            text,
+            text,
+            b"item-" + text,
+            b"%d.%02d" % (i, i % 100),
+            b"2026-11-27 05:00:00.123456+00",
+            b"t" if i % 2 else b"f",
+        )
+        rows.add(first_op + 2 * i, "I", values, None, 64)
+    rows.runs.append((first_op + 1, 1, 0, count))
+    return rows
+
+
+def needs_warm_up(spark: Any) -> bool:
+    """A local-mode session whose JVM this process has not warmed yet (a cluster's
+    executors, or a Connect server, keep their own JVMs warm)."""
+    if is_connect(spark):
+        return False
+    context = spark.sparkContext
+    return str(context.master).startswith("local") and context.applicationId not in _WARMED
+
+
+def warm_up(
+    spark: Any,
+    scratch: Path,
+    stop: threading.Event,
+    rounds: int = WARM_ROUNDS,
+    members: int = WARM_MEMBERS,
+    rows: int = WARM_ROWS,
+) -> int:
+    """Write up to ``rounds`` rounds of ``members`` made-up batches of ``rows`` rows each
+    under ``scratch`` (deleted after) as a flush round writes them; stops between rounds
+    once ``stop`` is set. Returns the rounds written."""
+    from tidemark.sink.schema import table_schema
+
+    _WARMED.add(spark.sparkContext.applicationId)
+    schema = table_schema(WARM_COLUMNS)
+    direct = writes_in_place(spark)
+    column = DIRECT_COLUMN if direct else PART
+    done = 0
+    try:
+        for r in range(rounds):
+            if stop.is_set():
+                break
+            parts = []
+            for m in range(members):
+                arrow = build_table(schema, WARM_COLUMNS, warm_rows(rows, r * rows * 2))
+                value = (
+                    pa.scalar(str(scratch / f"t{m}" / f"r{r}"), pa.string())
+                    if direct
+                    else pa.scalar(m, pa.int32())
+                )
+                parts.append(arrow.append_column(column, pa.repeat(value, arrow.num_rows)))
+            _write_partitioned(spark, parts, schema, scratch / "staging", column)
+            done += 1
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return done

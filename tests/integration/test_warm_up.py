@@ -1,0 +1,115 @@
+"""A fresh JVM's write path warmed at start (``[spark] warm_up``): ``tidemark run`` in a
+process of its own (a JVM of its own, as after a crash or a deploy) writes made-up rounds
+into a scratch folder under the temporary directory, never under the root, deletes it,
+says so in its log, and streams as ever: the shape equals Postgres. In the suite's own
+session ``warm_up`` runs once per JVM and stops between rounds when asked.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tidemark.embedded import free_port
+from tidemark.lsn import format_lsn
+from tidemark.verify import compare_shape
+from tidemark.writers import job
+
+from .conftest import ONE_SERVER, PgDatabase
+from .remote_service import service_env, start_service, stop_service, wait_shapes, wait_streaming
+from .service_support import current_lsn
+
+SHAPES = [{"name": "warm_items", "table": "public.items", "where": "grp < 2"}]
+TRUTH = "select * from items where grp < 2"
+
+
+def log_events(log: Path) -> list[dict[str, object]]:
+    events = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            events.append(json.loads(line))
+    return events
+
+
+@ONE_SERVER
+async def test_a_fresh_jvm_is_warmed_outside_the_root_and_the_stream_is_exact(
+    pg_db: PgDatabase,
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    # given a table with rows, and a service in a process of its own
+    pg_db.execute(
+        "create table items (id bigint primary key, grp int not null, name text);"
+        "alter table items replica identity full;"
+        "insert into items select g, g % 3, 'before-' || g from generate_series(1, 300) g"
+    )
+    root, temp, log = tmp_path / "lake", tmp_path / "tmp", tmp_path / "tidemark.log"
+    temp.mkdir()
+    port = free_port()
+    env = service_env(dsn=pg_db.dsn, root=root, port=port, name="tm_warm", shapes=SHAPES)
+    env["TMPDIR"] = str(temp)
+    proc = start_service(env, log)
+    try:
+        wait_streaming(port, proc, log, timeout=240)
+        # when rows stream in while (or after) it warms its JVM
+        pg_db.execute(
+            "insert into items select g, g % 3, 'after-' || g from generate_series(301, 900) g;"
+            "update items set name = name || '!' where id % 7 = 0;"
+            "delete from items where id % 11 = 0"
+        )
+        wait_shapes(port, format_lsn(current_lsn(pg_db.dsn)), ["warm_items"], timeout=180)
+        deadline = time.monotonic() + 60
+        while not any(e["event"] == "spark.warmed" for e in log_events(log)):
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+    finally:
+        stop_service(proc, log)
+    # then it warmed once, in the temporary directory, and left nothing there
+    (warmed,) = [e for e in log_events(log) if e["event"] == "spark.warmed"]
+    assert warmed["rounds"] == job.WARM_ROUNDS
+    assert not [e for e in log_events(log) if e["event"] == "spark.warm_up_failed"]
+    assert list(temp.iterdir()) == []
+    # and nothing of it under the root: only the shape's table and tidemark's own folders
+    assert {p.name for p in root.iterdir()} == {"tables", "_tidemark"}
+    assert [p.name for p in (root / "tables").iterdir()] == ["warm_items"]
+    made_up = {c.name for c in job.WARM_COLUMNS} - {"id", "name"}  # (items has those)
+    for data in (root / "tables" / "warm_items").rglob("*.parquet"):
+        assert not made_up & set(pq.read_schema(data).names), data
+    # and the shape equals Postgres
+    result = compare_shape(spark, str(root), "warm_items", TRUTH, pg_db.dsn)
+    assert result.equal, result.describe()
+
+
+def test_warm_up_writes_only_its_scratch_folder_and_stops_when_asked(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    # given a scratch folder
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    stop = threading.Event()
+    # when it warms two rounds: they are written, and the folder is gone after
+    assert job.warm_up(spark, scratch, stop, rounds=2, members=3, rows=5) == 2
+    assert not scratch.exists()
+    assert not job.needs_warm_up(spark)  # once per JVM
+    # and asked to stop, it writes nothing
+    scratch.mkdir()
+    stop.set()
+    assert job.warm_up(spark, scratch, stop, rounds=2, members=3, rows=5) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("count", [1, 7])
+def test_the_made_up_rows_convert_to_the_tables_schema(count: int) -> None:
+    from tidemark.sink.schema import table_schema
+    from tidemark.writers.arrow_batch import build_table
+
+    schema = table_schema(job.WARM_COLUMNS)
+    table = build_table(schema, job.WARM_COLUMNS, job.warm_rows(count))
+    assert table.num_rows == count and table.schema == schema
+    assert table.column("name").to_pylist()[-1] == f"item-{count - 1}"
