@@ -124,13 +124,6 @@ class Rows:
             left -= min(count, left)
         return front
 
-    def take_front(self, n: int) -> Rows:
-        """Remove the first ``n`` rows (with their metadata runs) and return them; the
-        bytes move in proportion (the per-row sizes are not kept)."""
-        front = self.peek_front(n)
-        front.nbytes = self.drop_front(n)
-        return front
-
     def drop_front(self, n: int) -> int:
         """Remove the first ``n`` rows and their metadata runs; returns the bytes they
         counted for (in proportion: the per-row sizes are not kept). One pass over the
