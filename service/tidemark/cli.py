@@ -23,7 +23,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from tidemark import exit_reason
+from tidemark import exit_reason, version
 from tidemark.cli_args import (
     count,
     duration,
@@ -583,17 +583,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 CONFIG_HELP = "settings file (default: $TIDEMARK_CONFIG or ./tidemark.toml)"
-
-
-def version() -> str:
-    """The installed package's version (the source tree's when not installed)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("tidemark")
-    except PackageNotFoundError:  # pragma: no cover - run from a bare checkout
-        return "unknown"
 
 
 def parser() -> argparse.ArgumentParser:

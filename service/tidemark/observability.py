@@ -33,6 +33,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from tidemark import version as package_version
 from tidemark.conninfo import redact_dsn
 
 # one ``_created`` series per counter and label set doubles the counters' series for
@@ -126,7 +127,7 @@ class Metrics:
             ["version", "python", "pyspark"],
             registry=r,
         )
-        self.build_info.labels(version or _version(), _python(), _pyspark()).set(1)
+        self.build_info.labels(version or package_version(), _python(), _pyspark()).set(1)
         # positions
         self.received_lsn = Gauge("tidemark_received_lsn", "Last WAL position received", registry=r)
         self.flushed_lsn = Gauge(
@@ -510,15 +511,6 @@ def refresh_metrics(service: Any) -> None:
         m.slot_safe_wal_size_bytes.set(-1 if sample.safe_wal_size is None else sample.safe_wal_size)
         for status in _WAL_STATUSES:
             m.slot_wal_status.labels(status).set(1 if sample.wal_status == status else 0)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tidemark")
-    except PackageNotFoundError:  # pragma: no cover - a bare checkout
-        return "unknown"
 
 
 def _python() -> str:
