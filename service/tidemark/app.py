@@ -786,14 +786,15 @@ class Service:
                 log.warning("audit.failed", shape=writer.shape, error=str(exc))
                 continue
             if held is None or held < believed:
-                self._on_violation(
-                    Violation(
-                        "committed_not_in_table",
-                        f"shape {writer.shape}: its writer committed up to "
-                        f"{format_lsn(believed)} but its table's transaction version is "
-                        f"{format_lsn(held) if held is not None else 'none'}",
-                    )
+                violation = Violation(
+                    "committed_not_in_table",
+                    f"shape {writer.shape}: its writer committed up to "
+                    f"{format_lsn(believed)} but its table's transaction version is "
+                    f"{format_lsn(held) if held is not None else 'none'}",
                 )
+                # (the monitor logs its own violations the same way)
+                log.error("invariant.violated", kind=violation.kind, detail=violation.message)
+                self._on_violation(violation)
 
     def _on_commit(self, result: CommitResult) -> None:
         self.last_commit_at[result.shape] = time.time()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from tidemark.api.server import shape_json
 from tidemark.sink.delta.table import ShapeTable
@@ -172,12 +173,15 @@ async def test_the_table_audit_catches_a_table_that_lost_commits_its_writer_made
         writer.table.refresh()
         assert (writer.table.committed_lsn() or 0) < believed
         # (the audit passes over a writer while a job or maintenance holds it)
-        async with asyncio.timeout(30):
-            while not service.violations:
-                await service._audit_tables()
-                await asyncio.sleep(0.1)
-        # then the audit reports it, and the service is not ready
+        with capture_logs() as logs:
+            async with asyncio.timeout(30):
+                while not service.violations:
+                    await service._audit_tables()
+                    await asyncio.sleep(0.1)
+        # then the audit reports it, logs it, and the service is not ready
         kinds = [v.kind for v in service.violations]
         assert kinds == ["committed_not_in_table"], kinds
+        (logged,) = [e for e in logs if e["event"] == "invariant.violated"]
+        assert logged["kind"] == "committed_not_in_table" and "shape high" in logged["detail"]
         ready, reasons = service.readiness()
         assert not ready and any("committed_not_in_table" in r for r in reasons), reasons
