@@ -174,7 +174,12 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def cmd_shapes(args: argparse.Namespace) -> int:
     api = _api(args)
     if args.action == "list":
-        body = _check(*api.call("GET", "/v1/shapes"))
+        query = urllib.parse.urlencode(
+            [("state", state) for state in args.state or []]
+            + ([("limit", str(args.limit))] if args.limit is not None else [])
+            + ([("cursor", args.cursor)] if args.cursor else [])
+        )
+        body = _check(*api.call("GET", "/v1/shapes" + (f"?{query}" if query else "")))
         if args.output == "json":
             print(json.dumps(body["shapes"], indent=2))
             return 0
@@ -190,6 +195,8 @@ def cmd_shapes(args: argparse.Namespace) -> int:
             for s in body["shapes"]
         ]
         print(_table(rows, ["shape", "table", "where", "state", "frontier", "rows"]))
+        if body.get("next_cursor"):
+            print(f"more: tidemark shapes list --cursor {body['next_cursor']} ...")
     elif args.action == "show":
         shape = _check(*api.call("GET", _shape_path(args.name)))
         print(json.dumps(shape, indent=2) if args.output == "json" else _shape_text(shape))
@@ -651,6 +658,15 @@ def parser() -> argparse.ArgumentParser:
             q.add_argument("name", help="the shape's name")
         if name in ("list", "show"):
             output_arg(q)
+        if name == "list":
+            q.add_argument(
+                "--state",
+                action="append",
+                help="only shapes in this state (repeat, or separate with commas): "
+                "backfilling, active, error, ...",
+            )
+            q.add_argument("--limit", type=int, help="at most this many shapes (1-1000), by name")
+            q.add_argument("--cursor", help="the shape name a page before ended with")
         if name == "resync":
             q.add_argument("--wait", action="store_true", help="wait until the shape is ready")
             q.add_argument(

@@ -198,6 +198,32 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
         code, out = await asyncio.to_thread(run, "shapes", "list", "-o", "json", "--url", url)
         assert code == 0
         assert {s["name"]: s["where"] for s in json_of(out)}["t_one"] == "id = 1"
+        # a page at a time, and by state
+        code, out = await asyncio.to_thread(run, "shapes", "list", "--limit", "1", "--url", url)
+        names = [line.split()[0] for line in out.splitlines()[2:] if line and "more:" not in line]
+        assert code == 0 and names == ["t_all"] and "--cursor t_all" in out, out
+        code, out = await asyncio.to_thread(
+            run, "shapes", "list", "--cursor", "t_all", "-o", "json", "--url", url
+        )
+        assert code == 0 and [s["name"] for s in json_of(out)] == ["t_one"]
+        code, out = await asyncio.to_thread(
+            run, "shapes", "list", "--state", "error", "-o", "json", "--url", url
+        )
+        assert code == 0 and json_of(out) == []
+        code, out = await asyncio.to_thread(
+            run, "shapes", "list", "--state", "active,error", "-o", "json", "--url", url
+        )
+        assert code == 0 and "t_all" in [s["name"] for s in json_of(out)]
+
+        def run_err(*argv: str) -> tuple[int, str]:
+            capsys.readouterr()
+            code = cli.main(list(argv))
+            return code, capsys.readouterr().err
+
+        code, err = await asyncio.to_thread(
+            run_err, "shapes", "list", "--state", "gone", "--url", url
+        )
+        assert code != 0 and "'gone' is not a shape state" in err and "Traceback" not in err
         code, out = await asyncio.to_thread(
             run, "shapes", "show", "t_one", "-o", "json", "--url", url
         )
