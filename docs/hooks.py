@@ -109,6 +109,7 @@ def _value_types() -> dict[Callable[[str], Any], str]:
         args.wait_seconds: f"seconds, above 0 and at most {args.MAX_WAIT_S:g}",
         args.duration: "seconds, 0 or more",
         args.count: "a whole number, 0 or more",
+        args.page_size: f"a whole number from 1 to {args.MAX_PAGE}",
         args.port: "a TCP port, 0 to 65535",
         args.lsn_text: "an LSN, like `16/B374D848`",
         args.url_arg: "an http(s) URL, like `http://127.0.0.1:8765`",

@@ -28,6 +28,7 @@ from tidemark.cli_args import (
     count,
     duration,
     lsn_text,
+    page_size,
     port,
     positive_seconds,
     service_url,
@@ -665,7 +666,7 @@ def parser() -> argparse.ArgumentParser:
                 help="only shapes in this state (repeat, or separate with commas): "
                 "backfilling, active, error, ...",
             )
-            q.add_argument("--limit", type=int, help="at most this many shapes (1-1000), by name")
+            q.add_argument("--limit", type=page_size, help="at most this many shapes, by name")
             q.add_argument("--cursor", help="the shape name a page before ended with")
         if name == "resync":
             q.add_argument("--wait", action="store_true", help="wait until the shape is ready")

@@ -16,6 +16,7 @@ from tidemark.errors import ConfigError
 from tidemark.lsn import Lsn
 
 MAX_WAIT_S = 300.0  # what GET /v1/progress/wait accepts (tidemark.api.server)
+MAX_PAGE = 1000  # the most shapes GET /v1/shapes lists at once (tidemark.api.paging)
 
 
 def positive_seconds(text: str) -> float:
@@ -45,6 +46,13 @@ def count(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def page_size(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_PAGE:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a page size from 1 to {MAX_PAGE}")
     return value
 
 

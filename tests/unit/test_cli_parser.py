@@ -73,3 +73,18 @@ def test_output_is_text_by_default_and_json_on_request(argv: list[str]) -> None:
     assert cli.parser().parse_args([*argv, "-o", "json"]).output == "json"
     with pytest.raises(SystemExit):
         cli.parser().parse_args([*argv, "-o", "yaml"])
+
+
+def test_shapes_list_pages_as_the_api_does(capsys: pytest.CaptureFixture[str]) -> None:
+    from tidemark.api.paging import MAX_LIMIT
+    from tidemark.cli_args import MAX_PAGE
+
+    assert MAX_PAGE == MAX_LIMIT  # the CLI refuses what the API would
+    args = cli.parser().parse_args(
+        ["shapes", "list", "--state", "error", "--state", "active", "--limit", "5"]
+    )
+    assert (args.state, args.limit, args.cursor) == (["error", "active"], 5, None)
+    for bad in ("0", "1001", "x"):
+        with pytest.raises(SystemExit) as done:
+            cli.parser().parse_args(["shapes", "list", "--limit", bad])
+        assert done.value.code == 2 and "--limit" in capsys.readouterr().err
