@@ -13,6 +13,7 @@ long-running service, not a per-change cost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -116,7 +117,44 @@ async def _backfill_empty(pg: EmbeddedPostgres, spark: Any, root: Path) -> None:
     await task
 
 
-def _recvlogical(pg: EmbeddedPostgres, slot: str, end_lsn: int) -> float:
+class WalsenderCpu(threading.Thread):
+    """The CPU seconds of the walsender serving ``slot`` (``/proc/<pid>/stat``, sampled
+    every 50 ms while it runs): the reference the readers share the machine with."""
+
+    def __init__(self, dsn: str, slot: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.slot = dsn, slot
+        self.stop = threading.Event()
+        self.pid: int | None = None
+        self.first = self.last = 0.0
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                row = conn.execute(
+                    "select active_pid from pg_replication_slots where slot_name = %s",
+                    (self.slot,),
+                ).fetchone()
+                pid = row[0] if row else None
+                if pid is not None and pid != self.pid:
+                    if self.pid is not None:  # a reconnect: keep what the last one used
+                        self.first -= self.last
+                    self.pid = pid
+                    self.first = self.last = _cpu_s(pid)
+                if self.pid is not None:
+                    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                        self.last = _cpu_s(self.pid)
+                self.stop.wait(0.05)
+
+    def seconds(self) -> float:
+        """CPU used since it was first seen (its start, sampled within 50 ms)."""
+        self.stop.set()
+        self.join()
+        return self.last - self.first
+
+
+def _recvlogical(pg: EmbeddedPostgres, slot: str, end_lsn: int) -> tuple[float, float]:
+    """pg_recvlogical from the slot to ``end_lsn``: its seconds and its walsender's CPU."""
     args = [
         pg.bin("pg_recvlogical"),
         "-d",
@@ -136,9 +174,12 @@ def _recvlogical(pg: EmbeddedPostgres, slot: str, end_lsn: int) -> float:
         "-s",
         "10",
     ]
+    sender = WalsenderCpu(pg.dsn(), slot)
+    sender.start()
     t0 = time.perf_counter()
     subprocess.run(args, check=True, capture_output=True)
-    return time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    return took, sender.seconds()
 
 
 def _settings(pg: EmbeddedPostgres, root: Path) -> Any:
@@ -189,6 +230,8 @@ async def _through(
     from tidemark.app import Service
 
     service = Service(_settings(pg, root), spark=spark)
+    sender = WalsenderCpu(pg.dsn(), "tidemark_bench")
+    sender.start()
     if cpu is not None:
         cpu["python_s"] = time.process_time()
         cpu["jvm_s"] = _cpu_s(int(cpu["jvm_pid"]))
@@ -211,6 +254,9 @@ async def _through(
     if cpu is not None:
         cpu["python_s"] = time.process_time() - cpu["python_s"]
         cpu["jvm_s"] = _cpu_s(int(cpu["jvm_pid"])) - cpu["jvm_s"]
+        cpu["walsender_s"] = sender.seconds()
+    else:
+        sender.seconds()
     lag = await _ack_lag(pg, service) if with_lag else {}
     service.request_stop()
     await task
@@ -319,7 +365,7 @@ def main(rows: int = 1_000_000, workload: str = "bulk") -> dict[str, float]:
                 end = _wide_updates(pg, rows)
             else:
                 end = _workload(pg, rows)
-            recv = _recvlogical(pg, "rl", end)
+            recv, recv_sender = _recvlogical(pg, "rl", end)
             out = asyncio.run(
                 _through(pg, spark, root, end, rows, cpu, with_lag=workload == "bulk")
             )
@@ -329,6 +375,7 @@ def main(rows: int = 1_000_000, workload: str = "bulk") -> dict[str, float]:
     out["ratio_committed"] = recv / out["committed_s"]
     out["ratio_acked"] = recv / out["acked_s"]
     out["python_cpu_s"], out["jvm_cpu_s"] = cpu["python_s"], cpu["jvm_s"]
+    out["walsender_cpu_s"], out["recvlogical_walsender_cpu_s"] = cpu["walsender_s"], recv_sender
     print(f"end LSN {format_lsn(end)}")
     print(f"pg_recvlogical           {recv:7.2f}s  {rows / recv:>10,.0f} rows/s")
     print(
@@ -343,6 +390,11 @@ def main(rows: int = 1_000_000, workload: str = "bulk") -> dict[str, float]:
         f"CPU to acknowledged: Python {cpu['python_s']:.1f}s"
         f" ({cpu['python_s'] / rows * 1e6:.1f} us/row), JVM {cpu['jvm_s']:.1f}s"
         f" ({cpu['jvm_s'] / rows * 1e6:.1f} us/row)"
+    )
+    print(
+        f"walsender CPU: {recv_sender:.1f}s serving pg_recvlogical, {cpu['walsender_s']:.1f}s"
+        f" serving tidemark (on {os.cpu_count()} cores: pg_recvlogical's pace is the"
+        " walsender's, and tidemark's Python and JVM share the cores with it)"
     )
     if "lag_txns" in out:
         print(
