@@ -90,13 +90,29 @@ def wait_for_lsn(port: int, lsn: str, shapes: Sequence[str]) -> None:
         assert status == 200, f"{shape} did not reach {lsn}: {status} {body}"
 
 
+def wait_for_rows(shapes: Sequence[dict[str, Any]], timeout: float = 90) -> None:
+    """Until the workload wrote rows into every shape: it starts without waiting for
+    Postgres's health (podman-compose ignores ``condition: service_healthy``) and polls
+    for the schema every 2 s, so a test right after ``up`` can find nothing yet."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        for shape in shapes:
+            query = "select exists (select from {}{})".format(
+                shape["table"], f" where {shape['where']}" if shape.get("where") else ""
+            )
+            while not conn.execute(query).fetchone()[0]:  # type: ignore[index]
+                assert time.monotonic() < deadline, f"{shape['name']}: no rows in {timeout} s"
+                time.sleep(0.5)
+
+
 def assert_lake_equals_postgres(stack: Stack, port: int) -> dict[str, int]:
     """Quiesce the workload, wait until every shape reached the source's LSN, then compare
     each folded shape table with its query on Postgres, and every changelog for a change
     recorded twice. Returns the rows per shape."""
+    shapes = compose_shapes()
+    wait_for_rows(shapes)
     run(["podman", "stop", "-t", "10", stack.container("workload")])
     try:
-        shapes = compose_shapes()
         wait_for_lsn(port, source_lsn(), [s["name"] for s in shapes])
         root = sink_root(stack)
         counts = {}
