@@ -11,9 +11,11 @@ import json
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from tidemark import demo
 from tidemark.embedded import free_port
@@ -37,6 +39,17 @@ def remove_every_shape(port: int, done: threading.Event) -> None:
         with urllib.request.urlopen(request, timeout=30) as r:
             assert r.status in (200, 202, 204), r.status
     done.set()
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was() -> Iterator[None]:
+    """The demo configures logging for its console (warnings only): the suite's later
+    tests capture info events, so the configuration is put back."""
+    saved = structlog.get_config()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
 
 
 @pytest.mark.parametrize("remove", [False, True], ids=["as-is", "shapes-removed"])
