@@ -127,6 +127,8 @@ class WalsenderCpu(threading.Thread):
         self.stop = threading.Event()
         self.pid: int | None = None
         self.first = self.last = 0.0
+        self.earlier = 0.0  # what walsenders before a reconnect used
+        self.pids = 0
 
     def run(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -137,9 +139,8 @@ class WalsenderCpu(threading.Thread):
                 ).fetchone()
                 pid = row[0] if row else None
                 if pid is not None and pid != self.pid:
-                    if self.pid is not None:  # a reconnect: keep what the last one used
-                        self.first -= self.last
-                    self.pid = pid
+                    self.earlier += self.last - self.first  # (a reconnect: keep it)
+                    self.pid, self.pids = pid, self.pids + 1
                     self.first = self.last = _cpu_s(pid)
                 if self.pid is not None:
                     with contextlib.suppress(FileNotFoundError, ProcessLookupError):
@@ -150,7 +151,7 @@ class WalsenderCpu(threading.Thread):
         """CPU used since it was first seen (its start, sampled within 50 ms)."""
         self.stop.set()
         self.join()
-        return self.last - self.first
+        return self.earlier + self.last - self.first
 
 
 def _recvlogical(pg: EmbeddedPostgres, slot: str, end_lsn: int) -> tuple[float, float]:
@@ -255,6 +256,7 @@ async def _through(
         cpu["python_s"] = time.process_time() - cpu["python_s"]
         cpu["jvm_s"] = _cpu_s(int(cpu["jvm_pid"])) - cpu["jvm_s"]
         cpu["walsender_s"] = sender.seconds()
+        cpu["walsender_pids"] = sender.pids
     else:
         sender.seconds()
     lag = await _ack_lag(pg, service) if with_lag else {}
@@ -393,7 +395,8 @@ def main(rows: int = 1_000_000, workload: str = "bulk") -> dict[str, float]:
     )
     print(
         f"walsender CPU: {recv_sender:.1f}s serving pg_recvlogical, {cpu['walsender_s']:.1f}s"
-        f" serving tidemark (on {os.cpu_count()} cores: pg_recvlogical's pace is the"
+        f" serving tidemark ({cpu['walsender_pids']:.0f} connection(s);"
+        f" on {os.cpu_count()} cores: pg_recvlogical's pace is the"
         " walsender's, and tidemark's Python and JVM share the cores with it)"
     )
     if "lag_txns" in out:
