@@ -67,8 +67,8 @@ TRUTH = {
 }
 LAG_BYTES = 1_000_000
 THRESHOLDS = {
-    "TidemarkReplicationLagHigh": ("> 1e9", f"> {LAG_BYTES}"),
-    "TidemarkSlotLagAtSource": ("> 1e9", f"> {LAG_BYTES}"),
+    "TidemarkReplicationLagHigh": ("> 1024 * 1024 * 1024", f"> {LAG_BYTES}"),
+    "TidemarkSlotLagAtSource": ("> 1024 * 1024 * 1024", f"> {LAG_BYTES}"),
 }
 
 
