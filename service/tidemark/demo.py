@@ -21,6 +21,7 @@ import asyncio
 import random
 import signal
 import time
+from collections.abc import Collection
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,9 @@ async def workload(dsn: str, stop: asyncio.Event, stats: dict[str, int]) -> None
             await asyncio.sleep(0.02)
 
 
-def compare(spark: Any, root: str, dsn: str, shapes: Any = None) -> list[Comparison]:
+def compare(
+    spark: Any, root: str, dsn: str, shapes: Collection[str] | None = None
+) -> list[Comparison]:
     """The demo's shapes (those of ``shapes`` when given) compared with Postgres."""
     return [
         compare_shape(spark, root, shape, query, dsn)

@@ -7,7 +7,6 @@ runs: the demo has nothing to wait for and nothing to compare, and says so (it w
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import urllib.request
@@ -20,15 +19,16 @@ import structlog
 from tidemark import demo
 from tidemark.embedded import free_port
 
+from .remote_service import get_json
+
 
 def remove_every_shape(port: int, done: threading.Event) -> None:
     """Once the demo streams, DELETE each of its shapes over the API."""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                if json.loads(r.read())["phase"] == "streaming":
-                    break
+            if get_json(port, "/healthz", timeout=2)[1]["phase"] == "streaming":
+                break
         except OSError:
             pass
         time.sleep(0.3)

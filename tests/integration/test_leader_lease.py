@@ -184,6 +184,12 @@ async def test_a_standby_takes_over_a_killed_leader_without_loss_or_duplicates(
         status, ready = get_json(ports[1], "/readyz")
         assert status == 503 and ready["role"] == "standby", ready
         assert any("leader lease" in r for r in ready["reasons"]), ready
+        # (and it warms its JVM's write path while it waits)
+        deadline = time.monotonic() + 60
+        while '"spark.warmed"' not in logs[1].read_text():
+            assert time.monotonic() < deadline, tail(logs[1])
+            time.sleep(0.2)
+        assert get_json(ports[1], "/readyz")[1]["role"] == "standby"
         # when the workload runs and the leader is SIGKILLed in the middle of it
         workload = asyncio.create_task(mixed_workload(pg_db))
         await asyncio.sleep(1.5)

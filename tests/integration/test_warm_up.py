@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from structlog.testing import capture_logs
 
+from tidemark import app
 from tidemark.embedded import free_port
 from tidemark.lsn import format_lsn
 from tidemark.verify import compare_shape
@@ -22,7 +24,7 @@ from tidemark.writers import job
 
 from .conftest import ONE_SERVER, PgDatabase
 from .remote_service import service_env, start_service, stop_service, wait_shapes, wait_streaming
-from .service_support import current_lsn
+from .service_support import current_lsn, running_service, settings_for, wait_frontiers
 
 SHAPES = [{"name": "warm_items", "table": "public.items", "where": "grp < 2"}]
 TRUTH = "select * from items where grp < 2"
@@ -82,6 +84,43 @@ async def test_a_fresh_jvm_is_warmed_outside_the_root_and_the_stream_is_exact(
         assert not made_up & set(pq.read_schema(data).names), data
     # and the shape equals Postgres
     result = compare_shape(spark, str(root), "warm_items", TRUTH, pg_db.dsn)
+    assert result.equal, result.describe()
+
+
+@ONE_SERVER
+async def test_a_warm_up_that_fails_is_logged_and_the_stream_is_exact(
+    pg_db: PgDatabase,
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a JVM whose warm-up fails (the suite's own JVM, taken for a fresh one)
+    def broken(*args: object, **kwargs: object) -> int:
+        raise RuntimeError("made-up failure of the warm-up's write")
+
+    monkeypatch.setattr(app, "needs_warm_up", lambda session: True)
+    monkeypatch.setattr(app, "warm_up", broken)
+    pg_db.execute(
+        "create table items (id bigint primary key, grp int not null, name text);"
+        "alter table items replica identity full;"
+        "insert into items select g, g % 3, 'before-' || g from generate_series(1, 200) g"
+    )
+    settings = settings_for(pg_db.dsn, str(tmp_path / "lake"), SHAPES)
+    with capture_logs() as logs:
+        async with running_service(settings, spark) as service:
+            # when rows stream in after it
+            pg_db.execute(
+                "insert into items select g, g % 3, 'after-' || g from generate_series(201, 500) g;"
+                "update items set name = name || '!' where id % 7 = 0;"
+                "delete from items where id % 11 = 0"
+            )
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+            assert service.phase == "streaming"
+    # then the failure is logged, as a warning, and nothing else changed
+    (failed,) = [e for e in logs if e["event"] == "spark.warm_up_failed"]
+    assert failed["log_level"] == "warning" and "made-up failure" in failed["error"]
+    assert not [e for e in logs if e["event"] == "spark.warmed"]
+    result = compare_shape(spark, str(tmp_path / "lake"), "warm_items", TRUTH, pg_db.dsn)
     assert result.equal, result.describe()
 
 

@@ -36,7 +36,7 @@ from tidemark.errors import SinkError
 from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
 from tidemark.sink.files import DataFile
 from tidemark.sink.port import ChangelogTable
-from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema
+from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema, table_schema
 from tidemark.spark import arrow_parts, is_connect, readable_path
 from tidemark.writers.arrow_batch import PG_EPOCH_US, build_table
 from tidemark.writers.buffer import Batch, Rows, SpooledTxn
@@ -651,8 +651,6 @@ def warm_up(
     """Write up to ``rounds`` rounds of ``members`` made-up batches of ``rows`` rows each
     under ``scratch`` (deleted after) as a flush round writes them; stops between rounds
     once ``stop`` is set. Returns the rounds written."""
-    from tidemark.sink.schema import table_schema
-
     _WARMED.add(spark.sparkContext.applicationId)
     schema = table_schema(WARM_COLUMNS)
     direct = writes_in_place(spark)
