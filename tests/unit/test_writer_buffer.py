@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tidemark.errors import SinkError
 from tidemark.lsn import LogOffset
@@ -353,3 +355,77 @@ def test_an_int32_op_table_refuses_a_snapshot_past_two_to_the_31_with_what_to_do
     assert ok.column("_op").to_pylist() == [2**31 - 2, 2**31 - 1]
     with pytest.raises(SinkError, match="resync the shape"):
         snapshot_table(schema, SPECS, text, 100, 2**31 - 1, "s")
+
+
+# -- the open transaction's rows beside the ready ones --------------------------------
+
+
+def test_a_batch_taken_while_a_transaction_is_open_leaves_its_rows_for_its_commit() -> None:
+    # given a committed transaction and an open one with two rows
+    buf = ShapeBuffer("s")
+    txn(buf, 100, [("insert", (b"1", b"a", b"x"))])
+    buf.begin_txn(200, 2, 0)
+    buf.append(0, "insert", (b"2", b"b", b"y"), None, 10)
+    buf.append(1, "insert", (b"3", b"c", b"z"), None, 10)
+    assert (buf.ready_rows, buf.open_rows) == (1, 2)
+    assert buf.ready_bytes == buf.open_bytes // 2 and buf.nbytes == 3 * buf.ready_bytes
+    # when a flush takes the ready region
+    batch = buf.take_batch()
+    # then it holds the committed row only, and the open rows wait
+    assert batch is not None and batch.rows.ops == [0] and batch.end_lsn == 100
+    assert batch.rows.nbytes == 10 + 96 and buf.ready_rows == 0
+    assert buf.open_rows == 2 and buf.ready_bytes == 0 and buf.nbytes == buf.open_bytes
+    # and after the commit they are the next batch, with their own run
+    buf.append(2, "insert", (b"4", b"d", b"w"), None, 10)
+    assert buf.end_txn(1.0) == 3 and buf.open_bytes == 0
+    after = buf.take_batch()
+    assert after is not None and after.rows.ops == [0, 1, 2]
+    assert after.rows.runs == [(200, 2, 0, 3)] and after.rows.nbytes == 3 * (10 + 96)
+    assert buf.nbytes == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["begin", "row", "end", "abort", "take", "stage"]), max_size=60))
+def test_batches_hold_exactly_the_committed_rows_in_commit_order(steps: list[str]) -> None:
+    """Any sequence of the stream's and the flush's calls: the batches (rows and staged
+    rows) hold every row of every ended transaction once, in order, and nothing of an
+    aborted one; the byte counts add up."""
+    buf = ShapeBuffer("s")
+    committed: list[int] = []  # keys of rows of ended transactions
+    open_keys: list[int] = []
+    got: list[int] = []
+    staged_keys: dict[str, list[int]] = {}
+    lsn = key = 0
+    for step in [*steps, "end", "take"]:
+        if step == "begin" and not buf.in_txn:
+            lsn += 100
+            buf.begin_txn(lsn, lsn, 0)
+            open_keys = []
+        elif step == "row" and buf.in_txn:
+            buf.append(2 * len(open_keys), "insert", (str(key).encode(),), None, 4)
+            open_keys.append(key)
+            key += 1
+        elif step == "end" and buf.in_txn:
+            buf.end_txn(0.0)
+            committed += open_keys
+        elif step == "abort" and buf.in_txn:
+            buf.abort_txn()
+        elif step == "stage":
+            taken = buf.take_open_rows()
+            if taken is not None:
+                delivery, rows = taken
+                name = f"f{len(staged_keys)}"
+                staged_keys[name] = [int(v[0]) for v in rows.values]  # type: ignore[arg-type]
+                buf.attach_staged(delivery, [DataFile(name, 1, len(rows), 0, "{}")])
+        elif step == "take":
+            batch = buf.take_batch()
+            if batch is not None:
+                staged = [k for f in batch.staged for k in staged_keys[f.path]]
+                rows = [int(v[0]) for v in batch.rows.values]  # type: ignore[arg-type]
+                assert sum(r[3] for r in batch.rows.runs) == len(rows)
+                assert batch.rows.nbytes == len(rows) * (4 + 96)
+                got += sorted(staged + rows)
+        expected_open = buf.open_rows * (4 + 96)
+        assert buf.open_bytes == expected_open
+        assert buf.nbytes == buf.ready_bytes + buf.open_bytes
+    assert got == committed

@@ -119,12 +119,18 @@ class TxnAlignment:
         self._open_last = offset
         self._last_written = offset
 
-    def end_txn(self, txn_last_offset: LogOffset) -> LogOffset | None:
+    def end_txn(
+        self, txn_last_offset: LogOffset, wrote: LogOffset | None = None
+    ) -> LogOffset | None:
         """The open transaction committed; its ``last_log_offset`` is ``txn_last_offset``.
 
         Must be the same offset the FlushTracker got for this transaction, and the
         tracker must have handled the commit already. Returns what to report now.
+        ``wrote``: the offset of the last row buffered in it, when not passed to
+        ``record_written`` yet (one call per transaction and writer instead of two).
         """
+        if wrote is not None:
+            self.record_written(wrote)
         if not self._in_txn:
             raise InvariantViolation(
                 f"TxnAlignment.end_txn({txn_last_offset}) without an open transaction: "

@@ -1,14 +1,16 @@
 """A shape's rows between the stream and the sink, split at transaction boundaries.
 
-Rows are kept column-wise, as Python lists, in two regions:
+Rows are kept column-wise, as Python lists, in two regions of one ``Rows``:
 
-* **open**: rows of the transaction currently being received (not committable:
-  a transaction is never half-visible);
-* **ready**: rows of committed transactions, in commit order, waiting for a flush.
+* **ready**: rows of committed transactions, in commit order, waiting for a flush;
+* **open**: after them, the rows of the transaction currently being received (not
+  committable: a transaction is never half-visible).
 
-``end_txn`` moves the open rows to ready; ``take_batch`` hands the whole ready
-region to a flush job and starts a new one, so the event loop never shares lists
-with a worker thread. A transaction too big for memory is *staged*: its open
+``end_txn`` makes the open rows ready by recording their transaction's run (no row
+moves: with small transactions touching many shapes, moving them was a fifth of the
+stream's CPU); ``abort_txn`` cuts them off. ``take_batch`` hands the ready region to
+a flush job and keeps the open rows in a new one, so the event loop never shares
+lists with a worker thread. A transaction too big for memory is *staged*: its open
 rows go to Parquet files (written, not committed) and the files travel with the
 transaction into the batch that commits it.
 
@@ -106,6 +108,26 @@ class Rows:
         self.runs.clear()
         self.has_unchanged = False
         self.nbytes = 0
+
+    def split_off(self, start: int, nbytes: int) -> Rows:
+        """Move the rows from ``start`` on, which count for ``nbytes``, into a ``Rows``
+        of their own (without runs: they are an open transaction's)."""
+        tail = Rows(
+            self.values[start:],
+            self.ops[start:],
+            self.kinds[start:],
+            self.unchanged[start:],
+            has_unchanged=self.has_unchanged,
+            nbytes=nbytes,
+        )
+        self.truncate(start, nbytes)
+        return tail
+
+    def truncate(self, start: int, nbytes: int) -> None:
+        """Forget the rows from ``start`` on, which count for ``nbytes``."""
+        for column in (self.values, self.ops, self.kinds, self.unchanged):
+            del column[start:]
+        self.nbytes -= nbytes
 
     def peek_front(self, n: int) -> Rows:
         """The first ``n`` rows as their own ``Rows`` (this one unchanged)."""
@@ -230,27 +252,26 @@ class Batch:
 
 
 class Delivery:
-    """One delivery of an open transaction (Postgres re-sends it after a restart).
+    """An open transaction of which a staging job took rows (one delivery of it:
+    Postgres re-sends the transaction after a restart, as another delivery).
 
-    Compared by identity. One is made per transaction and shape, so it is a plain
-    slotted class (a dataclass with default factories cost twice as much)."""
+    Compared by identity: files staged for an aborted delivery are never attached to
+    the next one."""
 
-    __slots__ = ("commit_ts", "last_op", "lsn", "rows", "staged", "staged_rows", "state", "xid")
+    __slots__ = ("commit_ts", "lsn", "staged", "staged_rows", "state", "xid")
 
-    def __init__(self, lsn: int, xid: int, commit_ts: int, rows: Rows) -> None:
+    def __init__(self, lsn: int, xid: int, commit_ts: int) -> None:
         self.lsn = lsn
         self.xid = xid
         self.commit_ts = commit_ts
-        self.rows = rows
         self.staged: list[DataFile] = []
         self.staged_rows = 0
-        self.last_op = -1  # the last row's _op (-1: none yet)
         self.state = "open"  # open | ended | aborted
 
     def __repr__(self) -> str:
         return (
-            f"Delivery(lsn={self.lsn}, xid={self.xid}, rows={len(self.rows)}, "
-            f"staged={len(self.staged)}, state={self.state!r})"
+            f"Delivery(lsn={self.lsn}, xid={self.xid}, staged={len(self.staged)}, "
+            f"state={self.state!r})"
         )
 
 
@@ -259,8 +280,14 @@ class ShapeBuffer:
 
     def __init__(self, shape: str) -> None:
         self.shape = shape
-        self._open: Delivery | None = None
+        # the ready rows, then the open transaction's (from ``_open_start`` on)
         self._ready = Rows()
+        self._open = False
+        self._open_lsn = self._open_xid = self._open_ts = 0
+        self._open_start = 0
+        self._open_nbytes = 0
+        self._open_last_op = -1  # the open transaction's last row's _op (-1: none yet)
+        self._delivery: Delivery | None = None  # once a staging job took open rows
         self._ready_staged: list[DataFile] = []
         self._ready_txns = 0
         self._ready_first: int | None = None
@@ -268,29 +295,27 @@ class ShapeBuffer:
         self._ready_since: float | None = None
         self._ready_spooled: list[SpooledTxn] = []
         self._streams: dict[int, StreamPart] = {}
-        # the rows of the last ended or aborted delivery, emptied for the next one
-        self._spare: Rows | None = None
 
     # -- the stream side ------------------------------------------------------
 
     def begin_txn(self, lsn: int, xid: int, commit_ts: int) -> None:
-        assert self._open is None, "previous transaction not ended"
-        rows = self._spare
-        if rows is None:
-            rows = Rows()
-        else:
-            self._spare = None
-        self._open = Delivery(lsn, xid, commit_ts, rows)
+        assert not self._open, "previous transaction not ended"
+        self._open = True
+        self._open_lsn, self._open_xid, self._open_ts = lsn, xid, commit_ts
+        self._open_start = len(self._ready.ops)
+        self._open_nbytes = 0
+        self._open_last_op = -1
 
     @property
     def in_txn(self) -> bool:
-        return self._open is not None
+        return self._open
 
     @property
     def open_last_offset(self) -> LogOffset | None:
         """Offset of the last row of the open transaction, if it has one."""
-        txn = self._open
-        return None if txn is None or txn.last_op < 0 else LogOffset(txn.lsn, txn.last_op)
+        if not self._open or self._open_last_op < 0:
+            return None
+        return LogOffset(self._open_lsn, self._open_last_op)
 
     def append(
         self,
@@ -301,42 +326,56 @@ class ShapeBuffer:
         size_hint: int,
     ) -> int:
         """Append a row to the open transaction; returns the bytes it counts for."""
-        txn = self._open
-        assert txn is not None, "append outside a transaction"
-        txn.last_op = op
-        return txn.rows.add(op, kind, values, unchanged, size_hint)
+        assert self._open, "append outside a transaction"
+        self._open_last_op = op
+        rows = self._ready
+        rows.values.append(values)
+        rows.ops.append(op)
+        rows.kinds.append(kind)
+        rows.unchanged.append(unchanged)
+        if unchanged:
+            rows.has_unchanged = True
+        nbytes = size_hint + ROW_OVERHEAD
+        rows.nbytes += nbytes
+        self._open_nbytes += nbytes
+        return nbytes
 
     def end_txn(self, now: float) -> int:
-        """Move the open transaction to ready; returns how many rows it had."""
-        txn = self._open
-        assert txn is not None
-        self._open = None
-        txn.state = "ended"
-        rows = txn.rows
-        count = len(rows)
-        if txn.last_op < 0:  # nothing written for this shape
-            self._spare = rows
+        """The open transaction's rows are ready; returns how many rows it had."""
+        assert self._open, "end_txn outside a transaction"
+        self._open = False
+        self._open_nbytes = 0
+        delivery, self._delivery = self._delivery, None
+        if delivery is not None:
+            delivery.state = "ended"
+        last_op = self._open_last_op
+        if last_op < 0:  # nothing written for this shape
             return 0
-        rows.runs.append((txn.lsn, txn.xid, txn.commit_ts, count))
-        self._ready.extend(rows)
-        rows.clear()
-        self._spare = rows
-        self._ready_staged.extend(txn.staged)
+        lsn = self._open_lsn
+        count = len(self._ready.ops) - self._open_start
+        if count:
+            self._ready.runs.append((lsn, self._open_xid, self._open_ts, count))
+        if delivery is not None:
+            self._ready_staged.extend(delivery.staged)
+            count += delivery.staged_rows
         self._ready_txns += 1
         if self._ready_first is None:
-            self._ready_first = txn.lsn
-        self._ready_end = (txn.lsn, LogOffset(txn.lsn, txn.last_op))
+            self._ready_first = lsn
+        self._ready_end = (lsn, LogOffset(lsn, last_op))
         if self._ready_since is None:
             self._ready_since = now
-        return count + txn.staged_rows
+        return count
 
     def abort_txn(self) -> None:
         """Forget the open transaction (the stream restarts; Postgres re-sends it)."""
-        if self._open is not None:
-            self._open.state = "aborted"
-            self._open.rows.clear()
-            self._spare = self._open.rows
-        self._open = None
+        if not self._open:
+            return
+        self._open = False
+        self._ready.truncate(self._open_start, self._open_nbytes)
+        self._open_nbytes = 0
+        delivery, self._delivery = self._delivery, None
+        if delivery is not None:
+            delivery.state = "aborted"
 
     # -- transactions streamed before their commit ------------------------------
 
@@ -467,14 +506,18 @@ class ShapeBuffer:
     # -- staging a huge open transaction -------------------------------------
 
     def take_open_rows(self) -> tuple[Delivery, Rows] | None:
-        """The open delivery's buffered rows, handed to a staging job."""
-        txn = self._open
-        if txn is None or not txn.rows.ops:
+        """The open transaction's buffered rows, handed to a staging job with the
+        delivery they belong to."""
+        if not self._open or len(self._ready.ops) == self._open_start:
             return None
-        rows = txn.rows
-        rows.runs.append((txn.lsn, txn.xid, txn.commit_ts, len(rows)))
-        txn.rows = Rows()
-        return txn, rows
+        rows = self._ready.split_off(self._open_start, self._open_nbytes)
+        self._open_nbytes = 0
+        lsn, xid, ts = self._open_lsn, self._open_xid, self._open_ts
+        rows.runs.append((lsn, xid, ts, len(rows)))
+        delivery = self._delivery
+        if delivery is None:
+            delivery = self._delivery = Delivery(lsn, xid, ts)
+        return delivery, rows
 
     def attach_staged(self, delivery: Delivery, files: list[DataFile]) -> list[DataFile]:
         """Files a staging job wrote for ``delivery``; returns those that belong to no
@@ -496,25 +539,26 @@ class ShapeBuffer:
     def ready_rows(self) -> int:
         return (
             len(self._ready)
+            - self.open_rows
             + sum(f.num_rows for f in self._ready_staged)
             + sum(s.rows for s in self._ready_spooled)
         )
 
     @property
     def ready_bytes(self) -> int:
-        return self._ready.nbytes
+        return self._ready.nbytes - self._open_nbytes
 
     @property
     def open_rows(self) -> int:
-        return 0 if self._open is None else len(self._open.rows)
+        return len(self._ready.ops) - self._open_start if self._open else 0
 
     @property
     def open_bytes(self) -> int:
-        return 0 if self._open is None else self._open.rows.nbytes
+        return self._open_nbytes
 
     @property
     def nbytes(self) -> int:
-        return self._ready.nbytes + self.open_bytes + self.stream_bytes
+        return self._ready.nbytes + self.stream_bytes
 
     @property
     def ready_since(self) -> float | None:
@@ -525,31 +569,34 @@ class ShapeBuffer:
         """Commit LSN of the oldest transaction buffered here (ready or open)."""
         if self._ready_first is not None:
             return self._ready_first
-        txn = self._open
-        if txn is not None and (txn.last_op >= 0 or txn.staged):
-            return txn.lsn
+        if self._open and self._open_last_op >= 0:
+            return self._open_lsn
         return None
 
     def remap(self, positions: Sequence[int | None]) -> None:
         """The column layout changed: see ``Rows.remap``."""
-        self._ready.remap(positions)
-        if self._open is not None:
-            self._open.rows.remap(positions)
+        self._ready.remap(positions)  # (the open transaction's rows with them)
         for part in self._streams.values():
             part.rows.remap(positions)
 
     def staged_files(self) -> list[DataFile]:
         """Files staged for the open transaction and the ready region."""
-        open_staged = [] if self._open is None else self._open.staged
+        open_staged = [] if self._delivery is None else self._delivery.staged
         return [*open_staged, *self._ready_staged]
 
     def take_batch(self) -> Batch | None:
         if self._ready_end is None:
             return None
         end_lsn, last_offset = self._ready_end
+        ready = self._ready
+        if self._open:  # its rows stay
+            self._ready = ready.split_off(self._open_start, self._open_nbytes)
+            self._open_start = 0
+        else:
+            self._ready = Rows()
         batch = Batch(
             self.shape,
-            self._ready,
+            ready,
             self._ready_staged,
             end_lsn,
             last_offset,
@@ -558,7 +605,6 @@ class ShapeBuffer:
             self._ready_first or end_lsn,
             spooled=self._ready_spooled,
         )
-        self._ready = Rows()
         self._ready_staged = []
         self._ready_spooled = []
         self._ready_txns = 0

@@ -138,11 +138,10 @@ class ShapeWriter:
         self._accepting = False
         # Alignment needs only the last row of the transaction: flushes commit closed
         # transactions only, so per-row bookkeeping would be wasted on the hot path.
-        last = self.buffer.open_last_offset
-        if last is not None:
-            self.alignment.record_written(last)
-        self.buffer.end_txn(self._clock())
-        held = self.alignment.end_txn(txn_last_offset)
+        buffer = self.buffer
+        last = buffer.open_last_offset
+        buffer.end_txn(self._clock())
+        held = self.alignment.end_txn(txn_last_offset, last)
         if held is not None:
             self._report(self.shape, held)
 
