@@ -65,7 +65,7 @@ from typing import Any
 from tidemark.backfill.fence import SnapshotFence
 from tidemark.errors import ProtocolError
 from tidemark.flush.tracker import CommitFragment, FlushTracker
-from tidemark.lsn import LogOffset
+from tidemark.lsn import LogOffset, offset_of
 from tidemark.pgoutput import messages as m
 from tidemark.pgoutput.relations import RelationCache
 from tidemark.shapes.catalog import resolve_domains
@@ -407,7 +407,7 @@ class ShapeLogCollector:
             raise ProtocolError(
                 f"Commit LSN {commit.commit_lsn} differs from its Begin's final LSN {txn.lsn}"
             )
-        last = LogOffset(txn.lsn, 2 * txn.changes + 1)
+        last = offset_of((txn.lsn, 2 * txn.changes + 1))
         self.tracker.handle_txn_fragment(CommitFragment(last), txn.touched.keys())
         for writer in txn.touched.values():
             writer.end_txn(last)

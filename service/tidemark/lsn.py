@@ -21,7 +21,9 @@ Two artificial offsets come from the seed algorithm (ElectricSQL's FlushTracker)
 from __future__ import annotations
 
 import re
-from typing import Final, NamedTuple
+from collections.abc import Callable
+from functools import partial
+from typing import Final, NamedTuple, cast
 
 MAX_LSN: Final = (1 << 64) - 1
 #: ``op_offset`` of an artificial offset after every change of its transaction.
@@ -102,3 +104,10 @@ class LogOffset(NamedTuple):
 
 
 _BEFORE_ALL: Final = LogOffset(-1, 0)
+
+# ``offset_of((tx, op))`` is ``LogOffset(tx, op)`` built by ``tuple.__new__`` in C: the
+# named tuple's own constructor is a Python function, and the stream makes an offset
+# per transaction and shape (half the time of building one, measured with timeit)
+offset_of: Final[Callable[[tuple[int, int]], LogOffset]] = cast(
+    "Callable[[tuple[int, int]], LogOffset]", partial(tuple.__new__, LogOffset)
+)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidemark.lsn import LAST_OP, MAX_LSN, LogOffset, Lsn, format_lsn
+from tidemark.lsn import LAST_OP, MAX_LSN, LogOffset, Lsn, format_lsn, offset_of
 
 lsns = st.integers(0, MAX_LSN)
 offsets = st.builds(LogOffset, st.integers(0, MAX_LSN), st.integers(0, LAST_OP))
@@ -100,3 +100,10 @@ def test_offset_text_form() -> None:
     assert str(LogOffset(0x16_B374_D848, 3)) == "16/B374D848:3"
     assert str(LogOffset.last_of(1)) == "0/1:last"
     assert str(LogOffset.before_all()) == "-1:0"
+
+
+@given(st.integers(-1, MAX_LSN), st.integers(0, LAST_OP))
+def test_the_fast_constructor_builds_the_same_log_offset(tx: int, op: int) -> None:
+    made = offset_of((tx, op))
+    assert type(made) is LogOffset and made == LogOffset(tx, op)
+    assert (made.tx_offset, made.op_offset, str(made)) == (tx, op, str(LogOffset(tx, op)))

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from tidemark.lsn import LogOffset
+from tidemark.lsn import LogOffset, offset_of
 from tidemark.pgoutput.messages import Value
 from tidemark.sink.files import DataFile
 from tidemark.sink.schema import ColumnSpec
@@ -291,7 +291,7 @@ class ShapeBuffer:
         self._ready_staged: list[DataFile] = []
         self._ready_txns = 0
         self._ready_first: int | None = None
-        self._ready_end: tuple[int, LogOffset] | None = None
+        self._ready_end: tuple[int, int] | None = None  # its last transaction's LSN, op
         self._ready_since: float | None = None
         self._ready_spooled: list[SpooledTxn] = []
         self._streams: dict[int, StreamPart] = {}
@@ -315,7 +315,7 @@ class ShapeBuffer:
         """Offset of the last row of the open transaction, if it has one."""
         if not self._open or self._open_last_op < 0:
             return None
-        return LogOffset(self._open_lsn, self._open_last_op)
+        return offset_of((self._open_lsn, self._open_last_op))
 
     def append(
         self,
@@ -361,7 +361,7 @@ class ShapeBuffer:
         self._ready_txns += 1
         if self._ready_first is None:
             self._ready_first = lsn
-        self._ready_end = (lsn, LogOffset(lsn, last_op))
+        self._ready_end = (lsn, last_op)
         if self._ready_since is None:
             self._ready_since = now
         return count
@@ -445,7 +445,7 @@ class ShapeBuffer:
         self._ready_txns += 1
         if self._ready_first is None:
             self._ready_first = lsn
-        self._ready_end = (lsn, LogOffset(lsn, part.last_op))
+        self._ready_end = (lsn, part.last_op)
         if self._ready_since is None:
             self._ready_since = now
         return part.last_op
@@ -587,7 +587,7 @@ class ShapeBuffer:
     def take_batch(self) -> Batch | None:
         if self._ready_end is None:
             return None
-        end_lsn, last_offset = self._ready_end
+        end_lsn, last_op = self._ready_end
         ready = self._ready
         if self._open:  # its rows stay
             self._ready = ready.split_off(self._open_start, self._open_nbytes)
@@ -599,7 +599,7 @@ class ShapeBuffer:
             ready,
             self._ready_staged,
             end_lsn,
-            last_offset,
+            LogOffset(end_lsn, last_op),
             self._ready_txns,
             self._ready_since or 0.0,
             self._ready_first or end_lsn,
