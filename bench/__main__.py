@@ -19,6 +19,7 @@ SECTIONS = (
     "decode",
     "flush",
     "routing",
+    "collector",
     "sink",
     "e2e",
     "e2e-small",
@@ -83,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench import routing_bench
 
             routing_bench.main()
+        elif section == "collector":
+            from bench import collector_bench
+
+            collector_bench.main()
         elif section == "sink":
             from bench import sink_bench
 
