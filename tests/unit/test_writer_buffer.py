@@ -279,11 +279,12 @@ def test_rows_split_at_the_front_keep_their_metadata_runs() -> None:
         rows.unchanged.append(None)
     rows.runs = [(100, 1, 7, 2), (200, 2, 8, 3)]
     rows.nbytes = 500
-    peek = rows.peek_front(3)
+    peek, rest = rows.slices(3)
     assert peek.ops == [0, 1, 2] and peek.runs == [(100, 1, 7, 2), (200, 2, 8, 1)]
-    assert len(rows) == 5  # peeking leaves the rows
+    assert rest.ops == [3, 4] and rest.runs == [(200, 2, 8, 2)]
+    assert len(rows) == 5  # slicing leaves the rows
     front = peek
-    front.nbytes = rows.drop_front(3)  # how the spool slices a batch: peek, then drop
+    front.nbytes = rows.drop_front(3)  # how the spool ends: slices written, then dropped
     assert rows.ops == [3, 4] and rows.runs == [(200, 2, 8, 2)]
     assert (front.nbytes, rows.nbytes) == (300, 200)
     # both halves build the same metadata the whole would have
@@ -295,14 +296,16 @@ def test_rows_split_at_the_front_keep_their_metadata_runs() -> None:
 
 def test_dropping_rows_at_the_front_leaves_what_the_front_split_leaves() -> None:
     """``drop_front`` (the spool's slices, one pass over the runs) against the split
-    ``peek_front`` describes, done run by run: on runs of every length, a run per row
-    (one-row transactions) and empty runs (a transaction whose rows were staged)."""
+    the first of ``slices`` describes, done run by run: on runs of every length, a run
+    per row (one-row transactions) and empty runs (a transaction whose rows were staged)."""
     import random
 
     from tidemark.writers.buffer import Rows
 
     def reference(rows: Rows, n: int) -> tuple[list[int], list[tuple[int, int, int, int]]]:
-        front = rows.peek_front(n)
+        if n > len(rows):  # everything goes, empty runs after the last row too
+            return [], []
+        front = next(rows.slices(n), Rows()) if n else Rows()
         runs = list(rows.runs)
         for _ in front.runs[:-1]:  # the runs the front took whole
             runs.pop(0)
@@ -329,6 +332,13 @@ def test_dropping_rows_at_the_front_leaves_what_the_front_split_leaves() -> None
         rows.nbytes = 100 * total
         n = rng.randrange(0, total + 2)
         want = reference(rows, n)
+        # and the slices, laid end to end, cover each run's rows exactly
+        pieces = list(rows.slices(max(1, n)))
+        assert [op for p in pieces for op in p.ops] == rows.ops
+        for piece in pieces:
+            assert sum(run[3] for run in piece.runs) == len(piece)
+        expanded = [run[0] for p in pieces for run in p.runs for _ in range(run[3])]
+        assert expanded == [run[0] for run in rows.runs for _ in range(run[3])]
         dropped = rows.drop_front(n)
         assert (rows.ops, rows.runs) == want, (counts, n)
         assert dropped == 100 * min(n, total) and rows.nbytes == 100 * total - dropped

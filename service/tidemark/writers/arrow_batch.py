@@ -16,6 +16,7 @@ A value the lake column cannot hold exactly raises ``UnfitValue`` naming the col
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 import pyarrow as pa
@@ -89,7 +90,10 @@ def _metadata(schema: pa.Schema, rows: Rows) -> list[pa.Array]:
     """``_lsn``, ``_op``, ``_kind``, ``_xid``, ``_commit_ts``, ``_unchanged``: the
     per-transaction runs expanded by NumPy, the per-row lists converted by Arrow."""
     n = len(rows)
-    runs = np.array(rows.runs, dtype=np.int64).reshape(-1, 4)
+    # (from a flat iterator: twice as fast as np.array's walk over the tuples, and small
+    # transactions make a run a row)
+    flat = chain.from_iterable(rows.runs)
+    runs = np.fromiter(flat, dtype=np.int64, count=4 * len(rows.runs)).reshape(-1, 4)
     counts = runs[:, 3]
     if int(counts.sum()) != n:
         raise ValueError(f"metadata runs cover {int(counts.sum())} rows, the batch has {n}")

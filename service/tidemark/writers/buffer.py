@@ -42,7 +42,7 @@ and expanded when the batch is built.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -129,22 +129,37 @@ class Rows:
             del column[start:]
         self.nbytes -= nbytes
 
-    def peek_front(self, n: int) -> Rows:
-        """The first ``n`` rows as their own ``Rows`` (this one unchanged)."""
-        front = Rows(
-            self.values[:n],
-            self.ops[:n],
-            self.kinds[:n],
-            self.unchanged[:n],
-            has_unchanged=self.has_unchanged,
-        )
-        left = n
-        for lsn, xid, ts, count in self.runs:
-            if not left:
-                break
-            front.runs.append((lsn, xid, ts, min(count, left)))
-            left -= min(count, left)
-        return front
+    def slices(self, n: int) -> Iterator[Rows]:
+        """The rows in consecutive slices of ``n`` (the last one shorter), each a
+        ``Rows`` of its own with the runs it covers; this one unchanged. One pass over
+        the runs for all slices (a batch of one-row transactions has a run per row)."""
+        total = len(self.ops)
+        runs = self.runs
+        at = used = 0  # the run the next slice starts in, and its rows given out already
+        for start in range(0, total, max(1, n)):
+            end = min(total, start + max(1, n))
+            piece = Rows(
+                self.values[start:end],
+                self.ops[start:end],
+                self.kinds[start:end],
+                self.unchanged[start:end],
+                has_unchanged=self.has_unchanged,
+            )
+            out = piece.runs
+            want = end - start
+            while want:
+                run = runs[at]
+                left = run[3] - used
+                if left <= want:
+                    out.append(run if not used else (run[0], run[1], run[2], left))
+                    want -= left
+                    at += 1
+                    used = 0
+                else:
+                    out.append((run[0], run[1], run[2], want))
+                    used += want
+                    want = 0
+            yield piece
 
     def drop_front(self, n: int) -> int:
         """Remove the first ``n`` rows and their metadata runs; returns the bytes they

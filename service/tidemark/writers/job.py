@@ -130,20 +130,29 @@ def write_spool(
 ) -> None:
     """Write ``rows`` to spool files under ``folder`` (not part of the table), one file
     per slice of about ``SLICE_BYTES``, with pyarrow on the driver: each slice is
-    converted, written and only then removed from ``rows``, and its file appended to
-    ``files``. So at most one slice is in memory twice, and a job that fails half way
-    goes on from where it stopped when retried. Slices of all writers are converted
-    one at a time (the work is the driver's CPU anyway), so the memory they need on
-    top of the buffered rows is one slice, not one per writer."""
-    while len(rows):
-        per_row = max(1, rows.nbytes // len(rows))
-        n = max(1, SLICE_BYTES // per_row)
-        with _ONE_SLICE_AT_A_TIME:
-            arrow = build_table(schema, specs, rows.peek_front(n), table.shape)
-            spooled = spool_arrow(table, folder, f"part-{len(files):05d}.parquet", arrow)
-            del arrow
-        files.append(spooled)
-        rows.drop_front(n)
+    converted and written, and its file appended to ``files``; the rows written leave
+    ``rows`` when the job ends or fails. So at most one slice is in memory twice, and a
+    job that fails half way goes on from where it stopped when retried. Slices of all
+    writers are converted one at a time (the work is the driver's CPU anyway), so the
+    memory they need on top of the buffered rows is one slice, not one per writer."""
+    if not len(rows):
+        return
+    n = max(1, SLICE_BYTES // max(1, rows.nbytes // len(rows)))
+    written = 0
+    try:
+        for piece in rows.slices(n):
+            with _ONE_SLICE_AT_A_TIME:
+                arrow = build_table(schema, specs, piece, table.shape)
+                spooled = spool_arrow(table, folder, f"part-{len(files):05d}.parquet", arrow)
+                del arrow
+            files.append(spooled)
+            written += len(piece)
+    finally:  # (one cut at the end: cutting the front of the lists at each slice, and
+        # walking the runs again each time, cost more than converting the slices)
+        if written == len(rows):
+            rows.clear()
+        else:
+            rows.drop_front(written)
 
 
 def spool_batch_rows(
