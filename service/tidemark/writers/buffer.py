@@ -7,8 +7,8 @@ Rows are kept column-wise, as Python lists, in two regions of one ``Rows``:
   committable: a transaction is never half-visible).
 
 ``end_txn`` makes the open rows ready by recording their transaction's run (no row
-moves: with small transactions touching many shapes, moving them was a fifth of the
-stream's CPU); ``abort_txn`` cuts them off. ``take_batch`` hands the ready region to
+moves: with small transactions touching many shapes, moving them was about a tenth of
+the collector's CPU in a profile); ``abort_txn`` cuts them off. ``take_batch`` hands the ready region to
 a flush job and keeps the open rows in a new one, so the event loop never shares
 lists with a worker thread. A transaction too big for memory is *staged*: its open
 rows go to Parquet files (written, not committed) and the files travel with the
