@@ -7,12 +7,12 @@ Rows are kept column-wise, as Python lists, in two regions of one ``Rows``:
   committable: a transaction is never half-visible).
 
 ``end_txn`` makes the open rows ready by recording their transaction's run (no row
-moves: with small transactions touching many shapes, moving them was about a tenth of
-the collector's CPU in a profile); ``abort_txn`` cuts them off. ``take_batch`` hands the ready region to
-a flush job and keeps the open rows in a new one, so the event loop never shares
-lists with a worker thread. A transaction too big for memory is *staged*: its open
-rows go to Parquet files (written, not committed) and the files travel with the
-transaction into the batch that commits it.
+moves: with small transactions touching many shapes, moving them was about a tenth
+of the collector's CPU in a profile); ``abort_txn`` cuts them off. ``take_batch``
+hands the ready region to a flush job and keeps the open rows in a new one, so the
+event loop never shares lists with a worker thread. A transaction too big for memory
+is *staged*: its open rows go to Parquet files (written, not committed) and the files
+travel with the transaction into the batch that commits it.
 
 Staged files belong to one *delivery* of a transaction: ``take_open_rows`` hands
 out the delivery with the rows, and ``attach_staged`` adds the files to that
@@ -343,15 +343,7 @@ class ShapeBuffer:
         """Append a row to the open transaction; returns the bytes it counts for."""
         assert self._open, "append outside a transaction"
         self._open_last_op = op
-        rows = self._ready
-        rows.values.append(values)
-        rows.ops.append(op)
-        rows.kinds.append(kind)
-        rows.unchanged.append(unchanged)
-        if unchanged:
-            rows.has_unchanged = True
-        nbytes = size_hint + ROW_OVERHEAD
-        rows.nbytes += nbytes
+        nbytes = self._ready.add(op, kind, values, unchanged, size_hint)
         self._open_nbytes += nbytes
         return nbytes
 
