@@ -129,12 +129,8 @@ class TxnAlignment:
         ``wrote``: the offset of the last row buffered in it, when not passed to
         ``record_written`` yet (one call per transaction and writer instead of two).
         """
-        if wrote is not None:  # record_written(wrote), inline: once per transaction
-            if not self._in_txn or (self._last_written is not None and wrote <= self._last_written):
-                self.record_written(wrote)  # (raises, saying why)
-            if self._open_first is None:
-                self._open_first = wrote
-            self._open_last = self._last_written = wrote
+        if wrote is not None:
+            self.record_written(wrote)
         if not self._in_txn:
             raise InvariantViolation(
                 f"TxnAlignment.end_txn({txn_last_offset}) without an open transaction: "
