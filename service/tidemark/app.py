@@ -843,35 +843,58 @@ class Service:
         last_frontiers = 0.0
         last_maintenance = last_audit = time.monotonic()
         tick = 0.5 if watchdog is None else min(0.5, watchdog)
-        while True:
-            now = time.monotonic()
-            if self._frontiers_dirty and now - last_frontiers >= 1.0 and self.client:
-                await asyncio.to_thread(self._write_frontiers)
-                last_frontiers = now
-            self.shapeset.promote()
-            refresh_metrics(self)
-            if self.phase == "streaming":
-                acked = format_lsn(self.progress().flushed_lsn)
-                systemd.notify(f"WATCHDOG=1\nSTATUS=acknowledged {acked}")
-            if now - last_audit >= AUDIT_EVERY_S and self.phase == "streaming":
-                last_audit = now
-                await self._audit_tables()
-            if now - last_maintenance >= self.settings.sink.maintenance_every_s:
-                last_maintenance = now
-                await self._maintain()
-            await wait_event(self._stop, tick)
-            if self._stop.is_set():
-                return
+        # upkeep runs beside this loop: it can wait minutes (for a current table's
+        # refresh, a compaction), and the watchdog pings must not wait with it
+        upkeep: asyncio.Task[None] | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if self._frontiers_dirty and now - last_frontiers >= 1.0 and self.client:
+                    await asyncio.to_thread(self._write_frontiers)
+                    last_frontiers = now
+                self.shapeset.promote()
+                refresh_metrics(self)
+                if self.phase == "streaming":
+                    acked = format_lsn(self.progress().flushed_lsn)
+                    systemd.notify(f"WATCHDOG=1\nSTATUS=acknowledged {acked}")
+                if now - last_audit >= AUDIT_EVERY_S and self.phase == "streaming":
+                    last_audit = now
+                    await self._audit_tables()
+                if upkeep is not None and upkeep.done():
+                    upkeep.result()  # (a table's failure is logged inside; not this)
+                    upkeep = None
+                every = self.settings.sink.maintenance_every_s
+                if upkeep is None and now - last_maintenance >= every:
+                    last_maintenance = now
+                    upkeep = asyncio.create_task(self._maintain(), name="maintenance")
+                await wait_event(self._stop, tick)
+                if self._stop.is_set():
+                    return
+        finally:
+            if upkeep is not None:
+                # a stop lets upkeep end as when it ran in this loop; a cancel (the
+                # service's last step, or a crash) cancels it through the gather
+                await asyncio.gather(upkeep, return_exceptions=True)
 
     async def _maintain(self) -> None:
         """Compact and vacuum each table between its flushes (never during one). A
         failure is logged and counted, and the next round tries again: upkeep never
-        stops the stream."""
+        stops the stream.
+
+        The shape's upkeep lock (held by a current-table refresh, which can take
+        minutes) is taken before its flushes are held: waiting for a refresh with the
+        flushes held would stop the shape's commits, and so the acknowledgement, for
+        as long as the refresh runs."""
         assert self.scheduler is not None
         for name, writer in list(self.scheduler.writers.items()):
             if writer.backfill:
                 continue  # its staged snapshot files must not be vacuumed mid-backfill
-            async with self.scheduler.exclusive(writer):
+            async with contextlib.AsyncExitStack() as held:
+                if self.keeper is not None:
+                    await held.enter_async_context(self.keeper.lock(name))
+                if writer.backfill or self.scheduler.writers.get(name) is not writer:
+                    continue  # (a backfill began, or the shape went or changed, meanwhile)
+                await held.enter_async_context(self.scheduler.exclusive(writer))
                 try:
                     await asyncio.to_thread(writer.table.compact)
                     await asyncio.to_thread(

@@ -260,23 +260,24 @@ class CurrentKeeper:
 
     async def maintain(self, name: str) -> None:
         """Changelog retention, current-table vacuum, log cleanup and the upkeep gauges
-        of one shape. The caller holds the shape's flushes."""
+        of one shape. The caller holds the shape's upkeep lock (``lock``: no refresh
+        runs) and, taken after it, the shape's flushes."""
         sink = self.settings.sink
-        async with self.lock(name):
-            hours = sink.changelog_retention_hours
-            if hours is not None and self.settings.current.enabled:
-                await asyncio.to_thread(
-                    in_background,
-                    self.spark,
-                    self.tables.compact_changelog,
-                    self.spark,
-                    self.root,
-                    name,
-                    hours,
-                )
+        assert self.lock(name).locked(), "maintain: hold the shape's upkeep lock first"
+        hours = sink.changelog_retention_hours
+        if hours is not None and self.settings.current.enabled:
             await asyncio.to_thread(
-                self.tables.vacuum_and_clean, self.root, name, sink.vacuum_retention_hours
+                in_background,
+                self.spark,
+                self.tables.compact_changelog,
+                self.spark,
+                self.root,
+                name,
+                hours,
             )
+        await asyncio.to_thread(
+            self.tables.vacuum_and_clean, self.root, name, sink.vacuum_retention_hours
+        )
         await asyncio.to_thread(self.measure, name)
 
     def measure(self, name: str) -> None:

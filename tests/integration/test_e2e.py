@@ -12,7 +12,7 @@ import pytest
 
 from tidemark.verify import compare_shape, normalise
 
-from .conftest import PgDatabase
+from .conftest import PgDatabase, one_server
 from .outside_readers import (
     changelog_rows,
     current_rows,
@@ -423,3 +423,76 @@ async def test_current_tables_read_plainly_equal_postgres_and_retention_shrinks_
             # before the retained history: refused, naming the oldest readable LSN
             with pytest.raises(SinkError, match="Read as of"):
                 read.current(spark, tmp_path, shape, as_of=first_lsn).collect()
+
+
+@one_server()
+async def test_upkeep_waiting_for_a_slow_refresh_leaves_flushes_and_watchdog_running(
+    pg_db: PgDatabase,
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Upkeep of a shape whose current table is being refreshed waits for the refresh.
+    Meanwhile the shape's changes must go on being committed and acknowledged (a
+    refresh of a big table takes minutes: the ack lag must not grow by them), and the
+    event loop's systemd watchdog pings must go on (``WatchdogSec=60`` would kill a
+    service whose upkeep waited longer)."""
+    import threading
+    import time
+
+    from tidemark import systemd
+
+    pings: list[float] = []
+
+    def notify(state: str) -> bool:
+        if state.startswith("WATCHDOG=1"):
+            pings.append(time.monotonic())
+        return True
+
+    monkeypatch.setattr(systemd, "notify", notify)
+    await arun(pg_db, SCHEMA)
+    shapes = [s for s in SHAPES if s["name"] == "all_accounts"]
+    settings = settings_for(
+        pg_db.dsn,
+        str(tmp_path),
+        shapes,
+        current={"refresh_s": 3600},  # refreshed below, by hand
+        sink={"changelog_retention_hours": 0, "maintenance_every_s": 1},
+    )
+    async with running_service(settings, spark) as service:
+        keeper = service.keeper
+        assert keeper is not None
+        await arun(pg_db, "insert into accounts values (1, 'a', 1, 'gold', null, null)")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        refresh_current = keeper.tables.refresh_current
+        release = threading.Event()
+
+        def slow_refresh(*args, **kwargs):  # type: ignore[no-untyped-def]
+            release.wait(60)  # (a refresh of a big table: it holds the shape's upkeep)
+            return refresh_current(*args, **kwargs)
+
+        monkeypatch.setattr(keeper.tables, "refresh_current", slow_refresh)
+        refreshing = asyncio.create_task(keeper.refresh("all_accounts"))
+        try:
+            async with asyncio.timeout(30):
+                while not keeper.lock("all_accounts").locked():
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(2.0)  # upkeep (every second) now waits for the refresh
+            waiting_since = time.monotonic()
+            await arun(pg_db, "insert into accounts values (2, 'b', 2, 'gold', null, null)")
+            target = current_lsn(pg_db.dsn)
+            # committed (and so acknowledged) while the refresh still runs
+            await wait_frontiers(service, target, timeout=20)
+            async with asyncio.timeout(10):
+                while service.progress().flushed_lsn < target:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(max(0.0, waiting_since + 2.0 - time.monotonic()))
+            assert not refreshing.done()
+            assert sum(1 for t in pings if t > waiting_since) >= 2, "no watchdog pings"
+        finally:
+            release.set()
+        await refreshing
+        await arun(pg_db, "update accounts set owner = 'after upkeep' where id = 1")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    result = compare_shape(spark, str(tmp_path), "all_accounts", TRUTH["all_accounts"], pg_db.dsn)
+    assert result.equal, result.describe()
