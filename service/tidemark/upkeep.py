@@ -263,7 +263,6 @@ class CurrentKeeper:
         of one shape. The caller holds the shape's upkeep lock (``lock``: no refresh
         runs) and, taken after it, the shape's flushes."""
         sink = self.settings.sink
-        assert self.lock(name).locked(), "maintain: hold the shape's upkeep lock first"
         hours = sink.changelog_retention_hours
         if hours is not None and self.settings.current.enabled:
             await asyncio.to_thread(
