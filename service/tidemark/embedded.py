@@ -409,7 +409,7 @@ class EmbeddedPostgres:
             if self._process is not None and self._process.poll() is not None:
                 raise ConfigError(
                     f"postgres exited with {self._process.returncode} during start-up; "
-                    f"its log:\n{self.log_file.read_text(errors='replace')[-4000:]}"
+                    f"its log:\n{self.log_tail()}"
                 )
             try:
                 with psycopg.connect(self.dsn(), connect_timeout=2) as conn:
@@ -437,6 +437,18 @@ class EmbeddedPostgres:
         with contextlib.suppress(ValueError):
             _LIVE.remove(self)
 
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has exited (a negative number: killed by that
+        signal); None while it runs, or when it is not started."""
+        return None if self._process is None else self._process.poll()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The end of the server's log (empty when there is none)."""
+        try:
+            return self.log_file.read_text(errors="replace")[-chars:]
+        except (OSError, AssertionError):
+            return ""
+
     def crash(self) -> None:
         """Immediate shutdown (SIGQUIT), keeping the data: for crash-recovery tests."""
         if self._process is not None:
@@ -444,11 +456,25 @@ class EmbeddedPostgres:
             self._process.wait(timeout=30)
             self._process = None
 
+    def shut_down(self, timeout: float = 90.0) -> None:
+        """Fast shutdown (as ``pg_ctl stop``), keeping the data; returns once the server
+        has exited. A logical walsender waits for its client to confirm what it was sent,
+        or for ``wal_sender_timeout`` (60 s here): a client that does not read (its event
+        loop blocked, say) holds the shutdown that long."""
+        proc = self._process
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=timeout)
+
     def restart(self, timeout: float = 60.0) -> None:
-        """Start the server again on the same data directory and port."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGINT)
-            self._process.wait(timeout=30)
+        """Start the server again on the same data directory and port (shut down first
+        when it runs). The server dies with the thread that starts it: call this from a
+        thread that outlives the server's use (in a test, the event loop's own thread),
+        and shut it down first from a worker thread when clients in this process must go
+        on meanwhile (``await asyncio.to_thread(server.shut_down)``)."""
+        self.shut_down()
         self._launch()
         self._wait_ready(timeout)
 

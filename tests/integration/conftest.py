@@ -193,15 +193,45 @@ def drop_database(server: PgServer, name: str) -> None:
         conn.execute(f'drop database if exists "{name}" with (force)')
 
 
+def revive_if_dead(server: PgServer, when: str) -> None:
+    """An embedded server that exited while the tests ran is started again (on its data
+    directory and port), and the test named in ``when`` fails with how it exited and the
+    end of its log: one death is one failure with its cause, not a hundred refused
+    connections in the tests after it."""
+    embedded = server.embedded
+    code = None if embedded is None else embedded.exit_code()
+    if embedded is None or code is None:
+        return
+    log = embedded.log_tail()
+    try:
+        embedded.restart()
+        again = "started again"
+    except Exception as exc:  # its data directory may be gone: the failure says so
+        again = f"could not start again: {exc}"
+    pytest.fail(
+        f"the {server.label} server exited ({code}) {when}; {again}. The end of its log:\n{log}",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _server_alive_before(request: pytest.FixtureRequest) -> None:
+    if "pg_server" in request.fixturenames:
+        revive_if_dead(request.getfixturevalue("pg_server"), f"before {request.node.nodeid}")
+
+
 @pytest.fixture
-def pg_db(pg_server: PgServer) -> Iterator[PgDatabase]:
+def pg_db(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[PgDatabase]:
     name = f"t_{secrets.token_hex(6)}"
     with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
         conn.execute(f'create database "{name}"')
     try:
         yield PgDatabase(pg_server, name, pg_server.dsn_for(name))
     finally:
-        drop_database(pg_server, name)
+        try:
+            revive_if_dead(pg_server, f"during {request.node.nodeid}")
+        finally:
+            drop_database(pg_server, name)
 
 
 @pytest.fixture(scope="session")
