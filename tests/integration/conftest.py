@@ -112,12 +112,24 @@ PG18_MODULES = frozenset(
     }
 )
 
+# the modules whose tests also run on the system's PostgreSQL 15: those of 18, and the
+# catalog reads, type decoding, snapshots and SQL semantics. tidemark's own lifecycle
+# (its API and CLI, metrics, leases and instances, Spark engines, crash handling) does
+# not differ between servers: it runs on the wheel's 16
+PG15_MODULES = PG18_MODULES | {
+    "test_shape_catalog",
+    "test_types",
+    "test_backfill",
+    "test_predicate_differential",
+}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the PostgreSQL 18 runs of modules outside ``PG18_MODULES`` (unless
-    ``TIDEMARK_TEST_PG=pg18`` asks for that server alone), and the Iceberg runs of
-    tests that run on both table formats on every server but the wheel's PostgreSQL 16
-    (what differs between servers is the stream, which the Delta runs cover)."""
+    """Deselect the PostgreSQL 18 runs of modules outside ``PG18_MODULES`` and the
+    PostgreSQL 15 runs of modules outside ``PG15_MODULES`` (unless ``TIDEMARK_TEST_PG``
+    asks for that server alone), and the Iceberg runs of tests that run on both table
+    formats on every server but the wheel's PostgreSQL 16 (what differs between servers
+    is the stream, which the Delta runs cover)."""
     if os.environ.get("TIDEMARK_TEST_PG") in ("pg18", "system"):
         return
     keep, drop = [], []
@@ -125,13 +137,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec is not None else {}
         server = params.get("pg_server")
-        on_18 = server == "pg18"
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        off_matrix = (server == "pg18" and module not in PG18_MODULES) or (
+            server == "system" and module not in PG15_MODULES
+        )
         iceberg = "iceberg" in {params.get(k) for k in ("table_format", "fmt")} or (
             "sink_format" in params and params["sink_format"] == "iceberg"
         )
         off_wheel = server is not None and server != "wheel"
-        if (on_18 and module not in PG18_MODULES) or (iceberg and off_wheel):
+        if off_matrix or (iceberg and off_wheel):
             drop.append(item)
         else:
             keep.append(item)
