@@ -220,6 +220,35 @@ def test_a_leader_marks_what_exists_and_nothing_when_it_has_no_shapes(
     assert iceberg.mark(tmp_path, 2, [SHAPE], "tidemark-epoch") == 0  # (marked that far)
 
 
+def test_a_catalog_locked_by_another_process_commit_is_waited_for(
+    tmp_path: Path, iceberg: IcebergFormat
+) -> None:
+    """Another process's catalog commit (an instance sharing the root) holds SQLite's
+    file lock: a read waits for it rather than failing after sqlite3's 5 s default."""
+    import sqlite3
+    import threading
+    import time
+
+    table = iceberg.changelog(tmp_path, SHAPE)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1)
+    # given another connection holding the catalog's exclusive lock for 7 s
+    holder = sqlite3.connect(
+        tmp_path / "_tidemark" / "iceberg.db", isolation_level=None, check_same_thread=False
+    )
+    holder.execute("begin exclusive")
+    release = threading.Timer(7.0, holder.execute, ("rollback",))
+    release.start()
+    try:
+        started = time.monotonic()
+        # when the table is read from the catalog, it waits, then reads
+        assert iceberg.changelog(tmp_path, SHAPE).committed_lsn() == BATCH
+        assert time.monotonic() - started >= 6.5
+    finally:
+        release.join()
+        holder.close()
+
+
 def test_a_table_in_the_catalog_not_made_by_tidemark_is_refused(
     tmp_path: Path, iceberg: IcebergFormat
 ) -> None:

@@ -100,6 +100,9 @@ def _open(root: str | Path, uri: str, settings: IcebergSettings) -> Catalog:
     return catalog
 
 
+BUSY_TIMEOUT_MS = 30_000
+
+
 def _durable_sqlite(catalog: Catalog, database: Path) -> None:
     """A SQLite catalog whose commits are on disk when they return: SQLite's default
     (``synchronous = FULL``, rollback journal) syncs the database but not the removal of
@@ -112,6 +115,9 @@ def _durable_sqlite(catalog: Catalog, database: Path) -> None:
     def pragmas(connection: Any, _record: Any) -> None:
         cursor = connection.cursor()
         cursor.execute("PRAGMA synchronous = EXTRA")
+        # another process's commit (an instance sharing the root) is waited for, up to
+        # BUSY_TIMEOUT_MS (sqlite3's own default: 5 s)
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         cursor.close()
 
     event.listen(engine, "connect", pragmas)
