@@ -458,9 +458,9 @@ class EmbeddedPostgres:
 
     def shut_down(self, timeout: float = 90.0) -> None:
         """Fast shutdown (as ``pg_ctl stop``), keeping the data; returns once the server
-        has exited. A logical walsender waits for its client to confirm what it was sent,
-        or for ``wal_sender_timeout`` (60 s here): a client that does not read (its event
-        loop blocked, say) holds the shutdown that long."""
+        has exited. Its walsenders wait for their clients first: a tidemark in this
+        process whose event loop the caller blocks holds the shutdown (seen: over 30 s,
+        until that service stopped)."""
         proc = self._process
         if proc is None or proc.poll() is not None:
             return

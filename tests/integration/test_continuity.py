@@ -558,9 +558,9 @@ async def test_a_backfill_interrupted_by_a_postgres_restart_is_retried(
                 service.shapes["high"].backfill.chunks_done >= 1
             ):
                 await asyncio.sleep(0.02)
-        # the shutdown waited for in a thread, so the service's event loop goes on (a
-        # walsender waits for its client: a blocked loop held the shutdown 60 s); the
-        # start on the loop's own thread: the server dies with the thread that starts it
+        # the shutdown waited for in a thread, so the service's event loop goes on (its
+        # walsender waits for it: a blocked loop held the shutdown past restart's 30 s);
+        # the start on the loop's own thread: the server dies with the thread that starts it
         await asyncio.to_thread(pg_db.server.embedded.shut_down)
         pg_db.server.embedded.restart()
         pg_db.execute("update items set score = 93 where id <= 100")

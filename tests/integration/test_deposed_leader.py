@@ -199,7 +199,7 @@ def freeze(pid: int, root: Path, fmt: str, *, tree: bool = False) -> None:
             return
         send(pid, signal.SIGCONT)
         time.sleep(0.05)
-    raise AssertionError("the old leader held the catalog's lock at every try")
+    raise AssertionError(f"process {pid} held the catalog's lock at every try")
 
 
 def commits_since(path: Path, versions: int) -> list[dict[str, Any]]:
