@@ -88,6 +88,12 @@ RULES: list[tuple[str, dict[str, str], Any]] = [
     # every argument of NULLIF, of op ANY (array) and of strict operators is evaluated
     ("nullif(i4, 1 / i2) IS NULL", {"i2": "0"}, ERR),
     ("(1 / i2) = ANY(ia)", {"i2": "0"}, ERR),
+    # ... also against an empty array, whose answer is false (ALL: true) even for NULL
+    ("(1 / i2) = ANY('{}'::int[])", {"i2": "0"}, ERR),
+    ("(1 / i2) <> ALL('{}'::int[])", {"i2": "0"}, ERR),
+    ("CAST(i8 AS int) = ANY('{}'::int[])", {"i8": "2147483648"}, ERR),
+    ("i4 = ANY('{}'::int[])", {}, False),
+    ("i4 <> ALL('{}'::int[])", {}, True),
     ("((1 / i2) IS NULL) = (i4 > 0)", {"i2": "0"}, ERR),
     ("(i4 > 0) = ((1 / i2) IS NULL)", {"i2": "0"}, ERR),
     # IN: two or more items without columns are one = ANY, tested first

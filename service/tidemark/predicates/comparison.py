@@ -212,22 +212,28 @@ class InSet(Node):
         t = g.temp()
         return t, f"({t} := {code}) is None", member
 
+    def _empty(self, g: CodeGen, answer: str) -> str:
+        """Against an empty array the answer is false (negated: true) even for a NULL
+        item, but the item is evaluated first, as Postgres does: its errors (a cast out
+        of range) are the row's."""
+        return f"({self.item.emit(g)}, {answer})[1]"
+
     def emit(self, g: CodeGen) -> str:
         if self.empty:
-            return "False"
+            return self._empty(g, "False")
         name, test, member = self._bound(g)
         miss = "None" if self.has_null else "False"
         return f"(None if {test} else (True if {member(name)} else {miss}))"
 
     def truth(self, g: CodeGen) -> str:
         if self.empty:
-            return "False"
+            return self._empty(g, "False")
         name, test, member = self._bound(g)
         return f"(not ({test}) and {member(name)})"
 
     def falsity(self, g: CodeGen) -> str:
         if self.empty:
-            return "True"
+            return self._empty(g, "True")
         if self.has_null:
             return "False"
         name, test, member = self._bound(g)
