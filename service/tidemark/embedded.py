@@ -201,6 +201,21 @@ def die_with_parent(sig: int = signal.SIGINT) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, sig)
 
 
+def death_signal_prefix(sig: int) -> list[str]:
+    """A command prefix (util-linux ``setpriv``) that gives the program ``sig`` when the
+    thread that started it dies, without ``die_with_parent``'s ``preexec_fn``: Python
+    code in a child forked from a process with threads can deadlock before it execs
+    (seen once: a child stuck in ``PyOS_AfterFork_Child``, its test waiting forever).
+    Two differences: the signal is set once ``setpriv`` runs (a parent that dies in
+    those first milliseconds sends nothing), and its disposition is not reset (SIGKILL
+    cannot be ignored; a shell ignores SIGINT and SIGQUIT in background jobs, not
+    SIGTERM)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise ConfigError("setpriv (util-linux) is needed to start a child that dies with us")
+    return [setpriv, f"--pdeathsig={signal.Signals(sig).name.removeprefix('SIG')}", "--"]
+
+
 class EmbeddedPostgres:
     """A throwaway cluster. Use as a context manager or call start()/stop()."""
 

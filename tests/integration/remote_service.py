@@ -10,7 +10,6 @@ an operator runs it (the real CLI path), and the test reads the result afterward
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tidemark.embedded import die_with_parent
+from tidemark.embedded import death_signal_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,13 +57,12 @@ def start_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """``tidemark run``; it gets SIGTERM (a clean stop) if the test process dies."""
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "tidemark", "run"],
+            [*death_signal_prefix(signal.SIGTERM), sys.executable, "-m", "tidemark", "run"],
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=out,
-            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),
         )
 
 

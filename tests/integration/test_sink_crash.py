@@ -7,7 +7,6 @@ or below the committed offset is missing."""
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.embedded import die_with_parent
+from tidemark.embedded import death_signal_prefix
 from tidemark.sink import table_format
 
 from .crash_writer import SHAPES, TXNS, expected_rows, lsn_of
@@ -29,16 +28,22 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_child(root: Path, kill_at: str | None, nth: int, fmt: str = "delta") -> list[str]:
     """Run the writer; SIGKILL it at the nth line starting with kill_at."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'service'}"}
+    # dies with this process, and its Spark JVM with it (which ends when its stdin
+    # closes): a killed test run leaves no writer behind to eat a core
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.crash_writer", str(root), fmt],
+        [
+            *death_signal_prefix(signal.SIGKILL),
+            sys.executable,
+            "-m",
+            "tests.integration.crash_writer",
+            str(root),
+            fmt,
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        # dies with this process, and its Spark JVM with it (which ends when its stdin
-        # closes): a killed test run leaves no writer behind to eat a core
-        preexec_fn=functools.partial(die_with_parent, signal.SIGKILL),
     )
     seen: list[str] = []
     assert proc.stdout is not None
