@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,6 +21,7 @@ OVERLAY = REPO / "deploy" / "podman" / "compose.podman.yml"
 PROJECT = "tidemark"  # the compose file's `name`
 PG_PORT, API_PORT, STANDBY_PORT, PROMETHEUS_PORT = 25432, 28765, 28766, 29090
 PG_DSN = f"postgresql://postgres:postgres@127.0.0.1:{PG_PORT}/shop"
+PG_PASSWORD, PG_DB = "postgres", "shop"
 IMAGE = "localhost/tidemark:0.1.0"
 
 
@@ -106,6 +108,77 @@ class Stack:
             f"{service} not healthy within {timeout:.0f} s (health check: {said});"
             f" last log lines:\n{self.logs(service)[-4000:]}"
         )
+
+    def address(self, service: str) -> str:
+        """The container's address on the compose network (a rootful podman host routes to
+        it)."""
+        out = run(
+            [
+                "podman",
+                "inspect",
+                "--format",
+                "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+                self.container(service),
+            ]
+        )
+        return out.split()[0]
+
+    def postgres(self, timeout: float = 60) -> psycopg.Connection[Any]:
+        """A connection to the stack's Postgres for the tests' own queries: on the port the
+        compose file publishes, as a user's psql would; if that refuses, on the
+        container's own address, and what podman's port forwarding looked like is printed
+        (one CI run found the published port refusing while every container was healthy
+        and the other published ports answered). Retried while Postgres restarts."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        said = False
+        while time.monotonic() < deadline:
+            try:
+                return psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5)
+            except psycopg.OperationalError as exc:
+                last = exc
+            if not said:
+                print(f"\nthe published port {PG_PORT} refused: {last}\n{self.port_forwarding()}")
+                said = True
+            try:
+                return psycopg.connect(
+                    host=self.address("postgres"),
+                    port=5432,
+                    user="postgres",
+                    password=PG_PASSWORD,
+                    dbname=PG_DB,
+                    autocommit=True,
+                    connect_timeout=5,
+                )
+            except (psycopg.OperationalError, AssertionError) as exc:
+                last = exc
+            time.sleep(1)
+        raise AssertionError(
+            f"the stack's Postgres answered neither on 127.0.0.1:{PG_PORT} nor on its own"
+            f" address within {timeout:.0f} s: {last}; {self.port_forwarding()};"
+            f" postgres log:\n{self.logs('postgres')[-3000:]}"
+        )
+
+    def port_forwarding(self) -> str:
+        """What podman and the kernel say about the published Postgres port."""
+        said = []
+        for argv in (
+            ["podman", "ps", "-a", "--format", "{{.Names}} {{.Status}} {{.Ports}}"],
+            ["podman", "port", self.container("postgres")],
+            ["podman", "inspect", "--format", "{{json .State}}", self.container("postgres")],
+            ["iptables", "-t", "nat", "-S"],
+            ["ss", "-ltnp"],
+        ):
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                said.append(f"$ {' '.join(argv)}: {exc}")
+                continue
+            lines = (done.stdout + done.stderr).splitlines()
+            if argv[0] in ("iptables", "ss"):
+                lines = [line for line in lines if str(PG_PORT) in line or "-N " in line]
+            said.append(f"$ {' '.join(argv)}\n" + "\n".join(lines[-40:]))
+        return "\n".join(said)
 
     def volumes(self) -> set[str]:
         out = run(["podman", "volume", "ls", "--format", "{{.Name}}"])

@@ -35,7 +35,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pyarrow.compute as pc
 import pytest
 import yaml
@@ -46,7 +45,6 @@ from tidemark.sink.schema import LSN, METADATA_NAMES, OP
 from .support import (
     API_PORT,
     IMAGE,
-    PG_DSN,
     PROJECT,
     PROMETHEUS_PORT,
     REPO,
@@ -76,8 +74,8 @@ def sink_root(stack: Stack) -> Path:
     return Path(out.strip())
 
 
-def source_lsn() -> str:
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+def source_lsn(stack: Stack) -> str:
+    with stack.postgres() as conn:
         row = conn.execute("select pg_current_wal_lsn()::text").fetchone()
     assert row is not None
     return str(row[0])
@@ -90,12 +88,12 @@ def wait_for_lsn(port: int, lsn: str, shapes: Sequence[str]) -> None:
         assert status == 200, f"{shape} did not reach {lsn}: {status} {body}"
 
 
-def wait_for_rows(shapes: Sequence[dict[str, Any]], timeout: float = 90) -> None:
+def wait_for_rows(stack: Stack, shapes: Sequence[dict[str, Any]], timeout: float = 90) -> None:
     """Until the workload wrote rows into every shape: it starts without waiting for
     Postgres's health (podman-compose ignores ``condition: service_healthy``) and polls
     for the schema every 2 s, so a test right after ``up`` can find nothing yet."""
     deadline = time.monotonic() + timeout
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+    with stack.postgres() as conn:
         for shape in shapes:
             query = "select exists (select from {}{})".format(
                 shape["table"], f" where {shape['where']}" if shape.get("where") else ""
@@ -110,13 +108,13 @@ def assert_lake_equals_postgres(stack: Stack, port: int) -> dict[str, int]:
     each folded shape table with its query on Postgres, and every changelog for a change
     recorded twice. Returns the rows per shape."""
     shapes = compose_shapes()
-    wait_for_rows(shapes)
+    wait_for_rows(stack, shapes)
     run(["podman", "stop", "-t", "10", stack.container("workload")])
     try:
-        wait_for_lsn(port, source_lsn(), [s["name"] for s in shapes])
+        wait_for_lsn(port, source_lsn(stack), [s["name"] for s in shapes])
         root = sink_root(stack)
         counts = {}
-        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        with stack.postgres() as conn:
             for shape in shapes:
                 lake = arrow_current(root, shape["name"])
                 columns = [c for c in lake.column_names if c not in METADATA_NAMES]
