@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import hashlib
 import os
 import pwd
@@ -43,7 +42,6 @@ Flavor = Literal["wheel", "system", "pg18"]
 _PREFIX = "tidemark-pg-"
 OWNER_FILE = "owner.pid"
 _UNPRIVILEGED_USERS = ("postgres", "tidemark-pg")
-_PR_SET_PDEATHSIG = 1
 
 ROLE = "tidemark"
 PASSWORD = "tidemark"  # a throwaway cluster on loopback; never used for real data
@@ -189,27 +187,13 @@ def remove_stale_folders(prefix: str = _PREFIX) -> None:
             pass
 
 
-def die_with_parent(sig: int = signal.SIGINT) -> None:
-    """A ``preexec_fn``: the child gets ``sig`` when the thread that started it dies
-    (Postgres: SIGINT, a fast shutdown; a JVM or tidemark: SIGTERM, a clean stop).
-
-    ``sig`` is reset to its default first: a child of a background shell job inherits
-    SIGINT ignored, and a JVM keeps an inherited ignored signal ignored.
-    """
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.signal(sig, 0)  # SIG_DFL; through libc, as Python's own signal() is off-limits here
-    libc.prctl(_PR_SET_PDEATHSIG, sig)
-
-
 def death_signal_prefix(sig: int) -> list[str]:
     """A command prefix (util-linux ``setpriv``) that gives the program ``sig`` when the
-    thread that started it dies, without ``die_with_parent``'s ``preexec_fn``: Python
-    code in a child forked from a process with threads can deadlock before it execs
-    (seen once: a child stuck in ``PyOS_AfterFork_Child``, its test waiting forever).
-    Two differences: the signal is set once ``setpriv`` runs (a parent that dies in
-    those first milliseconds sends nothing), and its disposition is not reset (SIGKILL
-    cannot be ignored; a shell ignores SIGINT and SIGQUIT in background jobs, not
-    SIGTERM)."""
+    thread that started it dies (Postgres: SIGINT, a fast shutdown; a JVM or tidemark:
+    SIGTERM, a clean stop). Not a ``preexec_fn``: Python code in a child forked from a
+    process with threads can deadlock before it execs (seen once: a child stuck in
+    ``PyOS_AfterFork_Child``, its test waiting forever). The signal is set once
+    ``setpriv`` runs: a parent that dies in those first milliseconds sends nothing."""
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         raise ConfigError("setpriv (util-linux) is needed to start a child that dies with us")
@@ -406,10 +390,9 @@ class EmbeddedPostgres:
         log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child
         try:
             self._process = self._run_as_server_user(
-                args,
+                [*death_signal_prefix(signal.SIGINT), *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
                 start_new_session=True,
             )
         finally:
@@ -437,15 +420,13 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         """Fast shutdown, then remove the cluster's directory. Idempotent."""
-        proc, self._process = self._process, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        try:
+            self.shut_down(timeout=30)
+        except subprocess.TimeoutExpired:
+            if self._process is not None:
+                self._process.kill()
+                self._process.wait(timeout=10)
+        self._process = None
         folder, self.dir = self.dir, None
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import json
 import os
 import shutil
@@ -47,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tidemark.embedded import OWNER_FILE, die_with_parent, free_port, remove_stale_folders
+from tidemark.embedded import OWNER_FILE, death_signal_prefix, free_port, remove_stale_folders
 from tidemark.errors import ConfigError
 
 _PREFIX = "tidemark-spark-"
@@ -69,13 +68,12 @@ class _Daemon:
         self.log = work / f"{name}.log"
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
-                list(args),
+                [*death_signal_prefix(signal.SIGTERM), *args],
                 cwd=work,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),
                 start_new_session=True,  # a terminal's Ctrl-C is for the owner, not for us
             )
 
