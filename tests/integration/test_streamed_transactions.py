@@ -23,7 +23,7 @@ from tidemark.lsn import format_lsn
 from tidemark.sink.delta.table import table_path
 from tidemark.verify import compare_shape
 
-from .conftest import PgDatabase
+from .conftest import PgDatabase, one_server
 from .remote_service import (
     get_json,
     service_env,
@@ -228,6 +228,8 @@ async def test_a_service_killed_in_the_middle_of_a_streamed_transaction_loses_no
         assert not spool.exists() or not any(spool.rglob("*.parquet")), list(spool.rglob("*"))
 
 
+# the budget is tidemark's; the other tests here stream transactions on every server
+@one_server()
 async def test_a_1gb_transaction_of_1mb_rows_over_six_shapes_stays_in_the_memory_budget(
     pg_db: PgDatabase, spark: Any, tmp_path: Path
 ) -> None:
