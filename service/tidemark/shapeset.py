@@ -74,7 +74,7 @@ from tidemark.sink.frontiers import instance_states, state_dir
 from tidemark.sink.port import ChangelogTable, TableFormat
 from tidemark.sink.schema import ColumnSpec, column_specs, table_schema
 from tidemark.writers.scheduler import FlushScheduler
-from tidemark.writers.writer import ShapeWriter
+from tidemark.writers.writer import ShapeWriter, TableState
 
 if TYPE_CHECKING:
     from tidemark.config import Settings
@@ -120,16 +120,17 @@ class _Prepared:
     table: ChangelogTable
     specs: list[ColumnSpec]
 
-    def create(self) -> None:
+    def create(self) -> TableState:
         """Create the shape's table (idempotent) and clear its spool: rows spooled for
         a streamed transaction by an earlier run (Postgres streams any transaction
-        still open again, from its start)."""
+        still open again, from its start). Returns what its writer reads from it."""
         self.table.create(
             table_schema(self.specs),
             list(self.checked.shape.primary_key),
             self.definition.model_dump(mode="json"),
         )
         self.table.clear_spool()
+        return TableState.read(self.table)
 
 
 class ShapeSet:
@@ -207,7 +208,7 @@ class ShapeSet:
         # created (in a thread), the next ones are checked: up to TABLES_AT_ONCE tables
         # are being created, and shapes are installed in their order
         catalogs: dict[tuple[str, str], CatalogTable] = {}
-        creating: deque[tuple[str, _Prepared, asyncio.Future[None]]] = deque()
+        creating: deque[tuple[str, _Prepared, asyncio.Future[TableState]]] = deque()
 
         def refuse(definition: ShapeDefinition, origin: str, exc: ShapeError) -> None:
             if origin == "config":
@@ -223,15 +224,17 @@ class ShapeSet:
         async def install_next() -> None:
             origin, prepared, created = creating.popleft()
             definition = prepared.definition
+            state: TableState | None
             try:
-                await created
+                state = await created
             except ShapeError as exc:
                 refuse(definition, origin, exc)
                 return
             except TableDamaged as exc:
-                if not await self._damaged(prepared, origin, exc):
+                state = await self._damaged(prepared, origin, exc)
+                if state is None:
                     return
-            self._install(prepared, origin)
+            self._install(prepared, origin, state)
             tables.append((definition.schema_name, definition.table_name))
 
         try:
@@ -263,8 +266,8 @@ class ShapeSet:
         """Validate against the catalog, create the table and writer, then follow the
         stream behind the shape's claim, or queue its backfill."""
         prepared = await self._prepare(definition, conn)
-        await asyncio.to_thread(prepared.create)
-        return self._install(prepared, origin)
+        state = await asyncio.to_thread(prepared.create)
+        return self._install(prepared, origin, state)
 
     async def _prepare(
         self,
@@ -295,13 +298,15 @@ class ShapeSet:
         )
         return _Prepared(definition, catalog, checked, table, column_specs(checked.shape))
 
-    async def _damaged(self, prepared: _Prepared, origin: str, exc: TableDamaged) -> bool:
+    async def _damaged(
+        self, prepared: _Prepared, origin: str, exc: TableDamaged
+    ) -> TableState | None:
         """A shape whose table is damaged at start (``ChangelogTable.recover``): its claim
         ends durably (the table no longer holds what it claimed), then, with
         ``on_stream_gap = "resync"``, the table is moved to ``<root>/damaged/`` and
-        made again, to be rebuilt from a snapshot (returns True: install it); otherwise
-        the shape reports the damage and takes no part in the stream (False). The other
-        shapes go on either way."""
+        made again, to be rebuilt from a snapshot (returns the new table's state:
+        install it); otherwise the shape reports the damage and takes no part in the
+        stream (None). The other shapes go on either way."""
         name = prepared.definition.name
         self.store.invalidate(name, "its table is damaged")
         await asyncio.to_thread(self.store.write_claims)
@@ -309,23 +314,22 @@ class ShapeSet:
             aside = await asyncio.to_thread(self.tables.set_aside, prepared.table)
             log.error("table.damaged_set_aside", shape=name, error=str(exc), moved_to=str(aside))
             try:
-                await asyncio.to_thread(prepared.create)
-                return True
+                return await asyncio.to_thread(prepared.create)
             except Exception as again:
                 exc = TableDamaged(f"shape '{name}': its table cannot be made again: {again}")
         self.statuses[name] = ShapeStatus(
             prepared.definition, origin, state="error", error=str(exc)
         )
         log.error("table.damaged", shape=name, error=str(exc))
-        return False
+        return None
 
-    def _install(self, prepared: _Prepared, origin: str) -> ShapeStatus:
+    def _install(self, prepared: _Prepared, origin: str, state: TableState) -> ShapeStatus:
         """Give a shape whose table exists its writer, then follow the stream behind
         its claim, or queue its backfill."""
         definition, catalog, checked = prepared.definition, prepared.catalog, prepared.checked
         bound, table, specs = checked.shape, prepared.table, prepared.specs
         name = definition.name
-        writer = ShapeWriter(table, specs, self.tracker.handle_flush_notification)
+        writer = ShapeWriter(table, specs, self.tracker.handle_flush_notification, state=state)
         assert self.scheduler is not None
         self.scheduler.add(writer)
         status = ShapeStatus(
