@@ -72,7 +72,7 @@ from tidemark.shapes.registry import ShapeRegistry
 from tidemark.sink import table_format
 from tidemark.sink.frontiers import instance_states, state_dir
 from tidemark.sink.port import ChangelogTable, TableFormat
-from tidemark.sink.schema import ColumnSpec, column_specs, table_schema
+from tidemark.sink.schema import OP, ColumnSpec, column_specs, table_schema
 from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter, TableState
 
@@ -124,12 +124,15 @@ class _Prepared:
         """Create the shape's table (idempotent) and clear its spool: rows spooled for
         a streamed transaction by an earlier run (Postgres streams any transaction
         still open again, from its start). Returns what its writer reads from it."""
-        self.table.create(
-            table_schema(self.specs),
+        schema = table_schema(self.specs)
+        made = self.table.create(
+            schema,
             list(self.checked.shape.primary_key),
             self.definition.model_dump(mode="json"),
         )
         self.table.clear_spool()
+        if made:  # empty, of that schema: nothing to read back from its log
+            return TableState(schema.field(OP).type, None)
         return TableState.read(self.table)
 
 

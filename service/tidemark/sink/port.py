@@ -169,9 +169,9 @@ class ChangelogTable(Protocol):
         schema: pa.Schema,
         primary_key: Sequence[str],
         definition: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> bool:
         """Create the table, born with this leader's epoch (idempotent when it exists
-        with a compatible schema)."""
+        with a compatible schema). True when it was made now: empty, of ``schema``."""
 
     def recover(self) -> bool:
         """At start: repair what a power loss left, make the last run's newest commit

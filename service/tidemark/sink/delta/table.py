@@ -184,12 +184,13 @@ class ShapeTable(TableFolder):
         schema: pa.Schema,
         primary_key: Sequence[str],
         definition: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Create the table (idempotent when it exists with a compatible schema)."""
+    ) -> bool:
+        """Create the table (idempotent when it exists with a compatible schema); True
+        when it was made now."""
         with self._lock:
             if self.recover():
                 self.ensure_columns(schema)
-                return
+                return False
             fencing.check()
             make_dirs(self.path)
             description = json.dumps(
@@ -211,6 +212,7 @@ class ShapeTable(TableFolder):
                 ) from exc
             self._created()
             log.info("table.created", shape=self.shape, path=self.uri)
+            return True
 
     def _created(self) -> None:
         """A new table's first log entry, its ``data/`` folder and the folders up to the

@@ -162,11 +162,11 @@ class IcebergChangelog(TableFolder):
         schema: pa.Schema,
         primary_key: Sequence[str],
         definition: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> bool:
         with self._lock:
             if self.recover():
                 self.ensure_columns(schema)
-                return
+                return False
             fencing.check()
             make_dirs(self.path)
             plain = pa.schema([f.remove_metadata() for f in schema])
@@ -205,6 +205,7 @@ class IcebergChangelog(TableFolder):
             synced.folder(self.path / "metadata")
             synced.sync()
             log.info("table.created", shape=self.shape, path=self.uri, table=self.name)
+            return True
 
     def recover(self) -> bool:
         """At start: True when the table exists, every data file of its newest snapshot
