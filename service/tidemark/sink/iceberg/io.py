@@ -1,16 +1,27 @@
-"""pyiceberg's file IO with every file it writes synced before it is closed.
+"""pyiceberg's file IO, each file written whole at its close: fenced there, then synced.
 
 A commit through a catalog writes its manifests, manifest list and table metadata
 file, then swaps the catalog's pointer to that metadata (a row in the SQL catalog,
-which syncs its own commit). pyiceberg syncs none of the files: after a power loss
-the pointer could name metadata that never reached the disk. This IO syncs each file
-and its folder when the file is closed (``fsync``), so everything a pointer names is
-on disk before the pointer moves. With ``[sink] sync = false`` nothing is synced.
-Every file is created only after the fence is checked (``tidemark.fencing``).
+which syncs its own commit). pyiceberg opens each file when it starts encoding it and
+syncs none of them. This IO keeps what pyiceberg writes in memory until the stream is
+closed; then it checks the fence (``tidemark.fencing``), writes the file, and syncs it
+and its folder (``fsync``), so that:
+
+- everything a pointer names is on disk before the pointer moves (after a power loss
+  the pointer could otherwise name metadata that never reached the disk); with
+  ``[sink] sync = false`` nothing is synced;
+- a leader deposed while it was encoding a file (frozen mid-commit, continued after a
+  new leader took over) leaves no file at all, not even a part of one: its close finds
+  the newer epoch and raises ``Deposed``. What is not covered is a pause between that
+  check and the write right after it (a few system calls).
+
+The files are manifests, manifest lists and metadata files (kilobytes to megabytes):
+tidemark's data files are written by Spark, not through this IO.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any
 
@@ -19,27 +30,44 @@ from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 from tidemark import durable, fencing
 
 
-class _SyncedStream:
-    """An output stream that syncs its file, and the file's folder, on close."""
+class _WholeAtClose:
+    """An output stream that holds what is written until its close, then writes the
+    file if this process may still write under the root."""
 
-    def __init__(self, inner: Any, path: str) -> None:
-        self._inner = inner
-        self._path = path
+    def __init__(self, file: _SyncedFile, overwrite: bool) -> None:
+        self._file = file
+        self._overwrite = overwrite
+        self._buffer = io.BytesIO()
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def write(self, data: bytes) -> int:
-        return int(self._inner.write(data))
+        return self._buffer.write(data)
+
+    def tell(self) -> int:
+        return self._buffer.tell()
+
+    def flush(self) -> None:
+        """(Nothing reaches the file before the close.)"""
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._inner.close()
-        if durable.syncing():
-            _fsync(self._path)
-            _fsync(os.path.dirname(self._path) or ".")
+        data = self._buffer.getvalue()
+        self._buffer = io.BytesIO()
+        fencing.check()
+        with PyArrowFile.create(self._file, self._overwrite) as stream:
+            stream.write(data)
+        path = self._file._path
+        if durable.syncing() and path.startswith("/"):  # (an object store's puts are durable)
+            _fsync(path)
+            _fsync(os.path.dirname(path) or ".")
 
-    def __enter__(self) -> _SyncedStream:
+    def __enter__(self) -> _WholeAtClose:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -56,13 +84,11 @@ def _fsync(path: str) -> None:
 
 class _SyncedFile(PyArrowFile):
     def create(self, overwrite: bool = False) -> Any:
-        # (a leader deposed while alive writes not even the metadata of a commit the
-        # catalog would refuse: ``tidemark.fencing``)
+        # (a deposed leader does not even start encoding: ``tidemark.fencing``)
         fencing.check()
-        stream = super().create(overwrite)
-        if not self._path.startswith("/"):  # (an object store: its puts are durable)
-            return stream
-        return _SyncedStream(stream, self._path)
+        if not overwrite and self.exists():
+            raise FileExistsError(f"Cannot create file, already exists: {self.location}")
+        return _WholeAtClose(self, overwrite)
 
 
 class SyncedFileIO(PyArrowFileIO):
@@ -70,6 +96,6 @@ class SyncedFileIO(PyArrowFileIO):
 
     def new_output(self, location: str) -> PyArrowFile:
         out = super().new_output(location)
-        # the same file, whose streams sync on close
+        # the same file, whose streams are written whole at their close
         out.__class__ = _SyncedFile
         return out
