@@ -37,7 +37,7 @@ import errno
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
@@ -344,7 +344,16 @@ def make_dirs(path: Path) -> None:
         sync_folder(folder.parent)
 
 
-def write_atomically(path: Path, data: str | bytes) -> None:
+def write_atomically(
+    path: Path, data: str | bytes, *, check: Callable[[], None] | None = None
+) -> None:
+    """Replace ``path`` with ``data``, synced: a reader (and a power loss) sees the old
+    file or the new one whole. ``check`` (a fence: ``tidemark.fencing.check``) is called
+    before anything is written and again once the data is synced, right before the
+    rename: a process paused while it wrote or synced (a leader deposed meanwhile)
+    raises there and replaces nothing."""
+    if check is not None:
+        check()
     directory = path.parent
     make_dirs(directory)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=directory)
@@ -353,6 +362,8 @@ def write_atomically(path: Path, data: str | bytes) -> None:
             fh.write(data.encode() if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
+        if check is not None:
+            check()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

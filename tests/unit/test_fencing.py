@@ -173,3 +173,28 @@ def test_a_suspended_writer_finds_a_newer_leader_without_the_lease_task(
     with pytest.raises(fencing.Deposed, match="epoch 2"):
         fence.check()
     assert len(heard) == 1
+
+
+def test_a_state_file_is_not_replaced_by_a_leader_deposed_while_it_synced(
+    tmp_path: Path,
+) -> None:
+    from tidemark.durable import write_atomically
+
+    root = tmp_path / "lake"
+    fence = fencing.Fence(root, fencing.advance(root, "old"))
+    state = root / "_tidemark" / "frontiers.json"
+    write_atomically(state, "mine", check=fence.check)
+    assert state.read_text() == "mine"
+    calls = 0
+
+    def paused_after_the_first_check() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the data is written and synced: a new leader took over meanwhile
+            fencing.advance(root, "new")
+        fence.check()
+
+    with pytest.raises(fencing.Deposed, match="epoch 2"):
+        write_atomically(state, "stale", check=paused_after_the_first_check)
+    assert state.read_text() == "mine"
+    assert not [p.name for p in state.parent.iterdir() if p.name.startswith(".frontiers")]

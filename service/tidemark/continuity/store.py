@@ -273,8 +273,7 @@ class ContinuityStore:
         with self._write_lock:
             if version <= self._claims_written:
                 return
-            fencing.check()
-            write_atomically(self.claims_path, text)
+            write_atomically(self.claims_path, text, check=fencing.check)
             self._claims_written = version
         if self._legacy_path.exists():
             with contextlib.suppress(OSError):
@@ -288,8 +287,9 @@ class ContinuityStore:
         with self._write_lock:
             if version <= self._stream_written:
                 return
-            fencing.check()
-            write_atomically(self.stream_path, json.dumps(record.to_json(), indent=1))
+            write_atomically(
+                self.stream_path, json.dumps(record.to_json(), indent=1), check=fencing.check
+            )
             self._stream_written = version
 
     def _note_sent(self, flush_lsn: int) -> bool:

@@ -244,8 +244,7 @@ class ShapeRegistry:
 
     def _commit(self, updated: dict[str, RegisteredShape], gone: Sequence[str]) -> None:
         """Persist ``updated``, then make it current, then tell the listeners."""
-        fencing.check()
-        write_atomically(self._path, _encode(updated.values()))
+        write_atomically(self._path, _encode(updated.values()), check=fencing.check)
         self._shapes = updated
         for name in sorted(gone):
             for listener in list(self._removed_listeners):

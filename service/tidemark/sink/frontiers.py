@@ -127,5 +127,4 @@ def load_frontiers(root: str | Path, instance: str | None = None) -> Frontiers |
 
 def store_frontiers(root: str | Path, frontiers: Frontiers, instance: str = "") -> None:
     stamped = Frontiers(frontiers.durable_lsn, dict(frontiers.shapes), time.time())
-    fencing.check()
-    write_atomically(frontiers_path(root, instance), stamped.to_json())
+    write_atomically(frontiers_path(root, instance), stamped.to_json(), check=fencing.check)
