@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "deploy" / "podman" / "compose.podman.yml"
 PROJECT = "tidemark"  # the compose file's `name`
 PG_PORT, API_PORT, STANDBY_PORT, PROMETHEUS_PORT = 25432, 28765, 28766, 29090
-PG_DSN = f"postgresql://postgres:postgres@127.0.0.1:{PG_PORT}/shop"
 PG_PASSWORD, PG_DB = "postgres", "shop"
+PG_DSN = f"postgresql://postgres:{PG_PASSWORD}@127.0.0.1:{PG_PORT}/{PG_DB}"
 IMAGE = "localhost/tidemark:0.1.0"
 
 
@@ -125,7 +125,7 @@ class Stack:
 
     def postgres(self, timeout: float = 60) -> psycopg.Connection[Any]:
         """A connection to the stack's Postgres for the tests' own queries: on the port the
-        compose file publishes, as a user's psql would; if that refuses, on the
+        compose file publishes, as a user's psql would; if that fails, on the
         container's own address, and what podman's port forwarding looked like is printed
         (one CI run found the published port refusing while every container was healthy
         and the other published ports answered). Retried while Postgres restarts."""
@@ -138,7 +138,8 @@ class Stack:
             except psycopg.OperationalError as exc:
                 last = exc
             if not said:
-                print(f"\nthe published port {PG_PORT} refused: {last}\n{self.port_forwarding()}")
+                said_now = self.port_forwarding()
+                print(f"\nthe published port {PG_PORT} did not answer: {last}\n{said_now}")
                 said = True
             try:
                 return psycopg.connect(
