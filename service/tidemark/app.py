@@ -328,6 +328,7 @@ class Service:
                 sent_history=lambda: self.client.stats.history if self.client else [],
                 durable_frontier=self.acknowledgeable,
                 explain_frontier=self._explain_acknowledgeable,
+                slot_ours=lambda: not fencing.current().taken_over(),
                 period_s=settings.monitor.period_s,
                 on_violation=self._on_violation,
             )

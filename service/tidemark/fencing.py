@@ -56,6 +56,8 @@ EPOCH_APP: Final = "tidemark-epoch"
 LEADER_FILE: Final = "_tidemark/leader.json"
 # how long a write off the event loop waits for a suspended lease to be confirmed
 SUSPENDED_WAIT_S: Final = 30.0
+# meanwhile it reads the epoch file this often: a takeover is found without waiting it out
+EPOCH_POLL_S: Final = 1.0
 RESTART: Final = (
     " (restarted by its supervisor it stands by; if no other tidemark should run on "
     "this slot and sink root, find the one that took over)"
@@ -161,6 +163,16 @@ class Fence:
                 f"this instance (epoch {self.epoch}) stops writing{RESTART}"
             )
 
+    def taken_over(self) -> bool:
+        """Whether a newer leader took over (then deposed, as ``check`` would be), read
+        without waiting on a suspended lease: an unconfirmed lease is not a takeover."""
+        if self.epoch is None:
+            return False
+        if self.deposed is None:
+            with contextlib.suppress(Deposed):
+                self._check_epoch()
+        return self.deposed is not None
+
     def check_table(self, table_epoch: int | None, where: str) -> None:
         """Before a commit built on a snapshot whose epoch mark is ``table_epoch``."""
         self.check()
@@ -217,7 +229,9 @@ class Fence:
     def _await_resume(self) -> None:
         """A write made while the lease is unconfirmed: off the event loop it waits (a
         pause, usually of a second or two: the lease is taken back) up to
-        ``SUSPENDED_WAIT_S``; on the event loop, whose task confirms the lease, it
+        ``SUSPENDED_WAIT_S``, reading the epoch file every ``EPOCH_POLL_S`` (a
+        takeover deposes it within that, whatever the lease task found out); on the
+        event loop, whose task confirms the lease, it
         fails at once. Either way ``LeaseUnconfirmed`` if not resumed, ``Deposed`` if
         a newer leader came meanwhile."""
         try:
@@ -226,7 +240,11 @@ class Fence:
         except RuntimeError:
             on_loop = False
         if not on_loop and not self._no_waiting:
-            self._settled.wait(SUSPENDED_WAIT_S)
+            deadline = time.monotonic() + SUSPENDED_WAIT_S
+            while not self._settled.wait(min(EPOCH_POLL_S, deadline - time.monotonic())):
+                self._check_epoch()  # (Deposed: a newer leader took over meanwhile)
+                if time.monotonic() >= deadline:
+                    break
         if self.deposed is not None:
             raise Deposed(self.deposed)
         if self.suspended is not None:
@@ -280,15 +298,23 @@ def table_epoch(dt: Any, app_id: str = EPOCH_APP) -> int | None:
     return None if version is None else int(version)
 
 
+def may_write() -> bool:
+    """``check`` as a question, for a clean-up that may be left undone: False when this
+    process is deposed or its lease is unconfirmed."""
+    try:
+        _current.check()
+    except (Deposed, LeaseUnconfirmed):
+        return False
+    return True
+
+
 def clear(path: str | Path) -> bool:
     """Remove a staging or spool folder under the sink root, unless this process may
     not write there any more (deposed, or its lease unconfirmed: the folder may be a
     newer leader's now; what is left is cleared at the next start). True if removed."""
     import shutil
 
-    try:
-        _current.check()
-    except (Deposed, LeaseUnconfirmed):
+    if not may_write():
         return False
     shutil.rmtree(path, ignore_errors=True)
     return True

@@ -94,6 +94,52 @@ def test_a_stopping_service_lets_waiting_writes_fail_at_once(tmp_path: Path) -> 
     assert time.monotonic() - started < 1
 
 
+def test_a_write_waiting_for_the_lease_finds_a_takeover_without_waiting_it_out(
+    tmp_path: Path,
+) -> None:
+    # the leader's lease session ended; a commit in a worker thread waits for the lease
+    # while another instance takes it and raises the epoch: the commit learns it is
+    # deposed from the epoch file, not after SUSPENDED_WAIT_S (30 s)
+    fence = fencing.Fence(tmp_path, fencing.advance(tmp_path, "me"))
+    fence.suspend("the lease session ended")
+    outcome: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            fence.check()
+        except (fencing.Deposed, fencing.LeaseUnconfirmed) as exc:
+            outcome.append(exc)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    time.sleep(0.2)
+    assert writer.is_alive()  # waiting for the lease
+    fencing.advance(tmp_path, "the standby")
+    writer.join(timeout=10)
+    assert not writer.is_alive(), "the write waited on after the takeover"
+    assert [type(e) for e in outcome] == [fencing.Deposed]
+    assert fence.deposed is not None and "epoch 2" in fence.deposed
+
+
+def test_a_takeover_is_told_apart_from_an_unconfirmed_lease_without_waiting(
+    tmp_path: Path,
+) -> None:
+    # (what the replication monitor asks before it reports the slot acknowledged beyond
+    # this instance's durable frontier: once taken over, that is the new leader's ack)
+    assert not fencing.Fence().taken_over()
+    fence = fencing.Fence(tmp_path, fencing.advance(tmp_path, "old"))
+    assert not fence.taken_over()
+    fence.suspend("the lease session ended")
+    started = time.monotonic()
+    assert not fence.taken_over()
+    assert time.monotonic() - started < fencing.SUSPENDED_WAIT_S / 2
+    fencing.advance(tmp_path, "new")
+    assert fence.taken_over()
+    assert fence.deposed is not None
+    with pytest.raises(fencing.Deposed):
+        fence.check()
+
+
 def test_without_a_lease_nothing_is_checked_or_carried(tmp_path: Path) -> None:
     fence = fencing.Fence()
     fence.check()

@@ -60,3 +60,25 @@ def test_an_existing_file_is_not_overwritten_unless_asked(
     with SyncedFileIO().new_output(str(path)).create(overwrite=True) as stream:
         stream.write(b"second")
     assert path.read_bytes() == b"second"
+
+
+def test_a_deposed_leader_removes_no_file(tmp_path: Path, fence: fencing.Fence) -> None:
+    # (pyiceberg deletes the manifests of a commit the catalog refused: the new leader
+    # marked the table meanwhile; the deposed leader leaves them, named by no snapshot)
+    root = tmp_path / "lake"
+    path = root / "metadata" / "snap-1-0-x.avro"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with SyncedFileIO().new_output(str(path)).create() as stream:
+        stream.write(b"manifest list")
+    fencing.advance(root, "the new leader")
+    SyncedFileIO().delete(str(path))
+    assert path.read_bytes() == b"manifest list"
+    assert fence.deposed is not None
+
+
+def test_a_leader_removes_its_files(tmp_path: Path, fence: fencing.Fence) -> None:
+    path = tmp_path / "lake" / "metadata" / "snap-1-0-y.avro"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"uncommitted")
+    SyncedFileIO().delete(str(path))
+    assert not path.exists()

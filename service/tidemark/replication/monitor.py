@@ -185,6 +185,7 @@ class ReplicationMonitor:
         status_interval_s: float = 10.0,
         on_violation: Callable[[Violation], None] | None = None,
         explain_frontier: Callable[[], str] | None = None,
+        slot_ours: Callable[[], bool] | None = None,
     ) -> None:
         self.dsn = dsn
         self.slot = slot
@@ -195,6 +196,9 @@ class ReplicationMonitor:
         self._sent = sent_history
         self._durable = durable_frontier
         self._explain = explain_frontier
+        # False once another instance acknowledges the slot (this one was deposed): its
+        # confirmed_flush_lsn is then beyond our frontier by right, not a violation
+        self._slot_ours = slot_ours
         self._on_violation = on_violation
         self._changed = asyncio.Condition()
         self._waiters = 0
@@ -233,8 +237,13 @@ class ReplicationMonitor:
         for violation in check_sample(
             sample, list(self._sent()), self._durable(), self.status_interval_s
         ):
-            if violation.kind == "ack_beyond_durable" and self._explain is not None:
-                violation = Violation(violation.kind, f"{violation.message} ({self._explain()})")
+            if violation.kind == "ack_beyond_durable":
+                if self._slot_ours is not None and not self._slot_ours():
+                    continue
+                if self._explain is not None:
+                    violation = Violation(
+                        violation.kind, f"{violation.message} ({self._explain()})"
+                    )
             state.violations += 1
             state.last_violation = violation
             state.recent_violations = [*state.recent_violations[-9:], violation]

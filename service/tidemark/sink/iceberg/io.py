@@ -13,7 +13,10 @@ and its folder (``fsync``), so that:
 - a leader deposed while it was encoding a file (frozen mid-commit, continued after a
   new leader took over) leaves no file at all, not even a part of one: its close finds
   the newer epoch and raises ``Deposed``. What is not covered is a pause between that
-  check and the write right after it (a few system calls).
+  check and the write right after it (a few system calls);
+- a deposed leader does not remove files either: pyiceberg deletes the manifests of a
+  commit the catalog refused (the new leader's epoch mark moved the table on), and
+  those stay, named by no snapshot, as a refused Delta commit leaves its data files.
 
 The files are manifests, manifest lists and metadata files (kilobytes to megabytes):
 tidemark's data files are written by Spark, not through this IO.
@@ -25,6 +28,7 @@ import io
 import os
 from typing import Any
 
+from pyiceberg.io import InputFile, OutputFile
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
 from tidemark import durable, fencing
@@ -99,3 +103,7 @@ class SyncedFileIO(PyArrowFileIO):
         # the same file, whose streams are written whole at their close
         out.__class__ = _SyncedFile
         return out
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        if fencing.may_write():
+            super().delete(location)
