@@ -299,13 +299,11 @@ def table_epoch(dt: Any, app_id: str = EPOCH_APP) -> int | None:
 
 
 def may_write() -> bool:
-    """``check`` as a question, for a clean-up that may be left undone: False when this
-    process is deposed or its lease is unconfirmed."""
-    try:
-        _current.check()
-    except (Deposed, LeaseUnconfirmed):
-        return False
-    return True
+    """For a clean-up that may be left undone (a removal under the root): False when a
+    newer leader took over (the epoch file read) or the lease is unconfirmed; never
+    waits for the lease."""
+    fence = _current
+    return not fence.taken_over() and fence.suspended is None
 
 
 def clear(path: str | Path) -> bool:

@@ -244,3 +244,29 @@ def test_a_state_file_is_not_replaced_by_a_leader_deposed_while_it_synced(
         write_atomically(state, "stale", check=paused_after_the_first_check)
     assert state.read_text() == "mine"
     assert not [p.name for p in state.parent.iterdir() if p.name.startswith(".frontiers")]
+
+
+def test_a_leader_deposed_while_frozen_removes_no_spool_file(tmp_path: Path) -> None:
+    # (a flush's spool files, deleted once their commit landed or was refused: a leader
+    # continued after the takeover has not been told yet, the epoch file tells it)
+    from tidemark.sink.files import DataFile
+    from tidemark.sink.folder import TableFolder
+
+    root = tmp_path / "lake"
+    table = TableFolder()
+    table.root, table.shape, table.path = root, "s", root / "tables" / "s"
+    spooled = table.path / "_spool" / "t1" / "part-0.parquet"
+    spooled.parent.mkdir(parents=True)
+    spooled.write_bytes(b"rows")
+    files = [DataFile("_spool/t1/part-0.parquet", 4, 1, 0, "{}")]
+    before = fencing.current()
+    fencing.install(fencing.Fence(root, fencing.advance(root, "old")))
+    try:
+        fencing.advance(root, "new")  # taken over while it was frozen
+        table.delete_spool(files)
+        assert spooled.exists()
+        fencing.install(fencing.Fence(root, fencing.advance(root, "newest")))
+        table.delete_spool(files)  # the leader's own
+        assert not spooled.exists() and not spooled.parent.exists()
+    finally:
+        fencing.install(before)

@@ -446,8 +446,10 @@ def _refresh_together(
                 started,
             )
         except Exception:
-            for data in added:  # never referenced by a commit
-                (plan.table.path / data.path).unlink(missing_ok=True)
+            # never referenced by a commit; a deposed leader leaves them to vacuum
+            if fencing.may_write():
+                for data in added:
+                    (plan.table.path / data.path).unlink(missing_ok=True)
             raise
 
     out: dict[str, RefreshResult | Exception] = {}

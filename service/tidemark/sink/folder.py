@@ -142,8 +142,8 @@ class TableFolder:
     def delete_files(self, files: Sequence[DataFile]) -> None:
         """Remove written files no commit will ever reference (best effort: vacuum
         removes what is left)."""
-        if fencing.current().deposed is not None:
-            return  # (the newer leader's vacuum removes them)
+        if not fencing.may_write():
+            return  # (deposed, or the lease unconfirmed: the leader's vacuum removes them)
         for f in files:
             try:
                 (self.path / f.path).unlink()

@@ -117,7 +117,8 @@ def arrow_frames(
         pq.write_table(arrow, path, compression="none", use_dictionary=False)
         yield [(arrow.num_rows, spark.read.schema(target).parquet(str(path)))]
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        # (not by a leader deposed while Spark read it: the next start clears it)
+        fencing.clear(scratch)
 
 
 def write_spool(
