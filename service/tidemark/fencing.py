@@ -306,6 +306,13 @@ def may_write() -> bool:
     return not fence.taken_over() and fence.suspended is None
 
 
+def remove_own(path: Path) -> None:
+    """Remove a file this process wrote and will not name (a commit's log entry never
+    published), unless ``may_write`` says no: the next start removes what is left."""
+    if path.exists() and may_write():
+        path.unlink(missing_ok=True)
+
+
 def clear(path: str | Path) -> bool:
     """Remove a staging or spool folder under the sink root, unless this process may
     not write there any more (deposed, or its lease unconfirmed: the folder may be a

@@ -270,3 +270,22 @@ def test_a_leader_deposed_while_frozen_removes_no_spool_file(tmp_path: Path) -> 
         assert not spooled.exists() and not spooled.parent.exists()
     finally:
         fencing.install(before)
+
+
+def test_an_unpublished_log_entry_is_left_by_a_leader_taken_over(tmp_path: Path) -> None:
+    root = tmp_path / "lake"
+    entry = root / "tables" / "s" / "_delta_log" / "_commit_x.json.tmp"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("{}")
+    before = fencing.current()
+    fencing.install(fencing.Fence(root, fencing.advance(root, "old")))
+    try:
+        fencing.advance(root, "new")
+        fencing.remove_own(entry)
+        assert entry.exists()  # (recover_log removes it at the next start)
+        fencing.install(fencing.Fence(root, fencing.advance(root, "newest")))
+        fencing.remove_own(entry)
+        assert not entry.exists()
+        fencing.remove_own(entry)  # (gone already: nothing to do)
+    finally:
+        fencing.install(before)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
+from tidemark import fencing
 from tidemark.durable import SyncSet
 from tidemark.errors import SinkError
 from tidemark.sink.files import DataFile
@@ -43,9 +44,10 @@ def _prepare(
         for table, batch, files in members:
             prepared.append(prepared_sync(table, batch, files))
     except BaseException:  # (e.g. deposed): no entry of this round is left behind
+        # (unless deposed: then the next start removes them)
         for _, entry in prepared:
             if entry is not None:
-                entry.unlink(missing_ok=True)
+                fencing.remove_own(entry)
         raise
     parts = [(t, b, p[0]) for (t, b, _), p in zip(members, prepared, strict=True)]
     return prepared, sync_group(parts)
@@ -64,7 +66,7 @@ async def group_commit(
         entry = prepared[i][1]
         if i in failed:
             if entry is not None:
-                entry.unlink(missing_ok=True)
+                fencing.remove_own(entry)
             continue
         commits[i] = loop.run_in_executor(
             executor,

@@ -373,8 +373,7 @@ class ShapeTable(TableFolder):
                 return self._commit(files, custom, first, end_lsn, prepared)
             finally:
                 if prepared is not None:  # (not published: the library's way, a replay)
-                    with contextlib.suppress(FileNotFoundError):
-                        prepared.unlink()
+                    fencing.remove_own(prepared)
 
     def prepare(
         self, files: Sequence[DataFile], end_lsn: int, metadata: Mapping[str, Any] | None = None
@@ -475,8 +474,7 @@ class ShapeTable(TableFolder):
             # publication below then fails, and the library's way checks the mark)
             fencing.check()
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                temp.unlink()
+            fencing.remove_own(temp)
             raise
         try:
             published = publish_new(temp, log_dir / f"{version:020d}.json")
