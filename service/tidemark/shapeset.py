@@ -395,7 +395,7 @@ class ShapeSet:
             if other == self.instance:
                 continue
             taken = sorted(
-                mine & {r.name for r in ShapeRegistry.open(folder / "shapes.json").shapes()}
+                mine & {r.name for r in ShapeRegistry.read(folder / "shapes.json").shapes()}
             )
             if taken:
                 who = f"instance '{other}'" if other else "the unnamed instance"

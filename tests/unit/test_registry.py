@@ -59,6 +59,23 @@ def test_an_added_shape_survives_a_restart(path: Path) -> None:
     assert json.loads(path.read_text())["version"] == FORMAT_VERSION
 
 
+def test_reading_another_instances_registry_leaves_its_write_under_way(
+    tmp_path: Path,
+) -> None:
+    # instance b checks the shape names instance a owns while a writes its registry
+    # (CI: a's rename failed, its temp file removed by b's read)
+    mine = tmp_path / "instances" / "a" / "shapes.json"
+    registry = ShapeRegistry.open(mine)
+    registry.add(shape("eu", "region = 'eu'"))
+    under_way = mine.parent / ".shapes.json.x1y2z3.tmp"
+    under_way.write_text("{}")
+    assert names(ShapeRegistry.read(mine)) == {"eu": "api"}
+    assert under_way.exists()
+    # a's own start removes what its earlier run left
+    ShapeRegistry.open(mine)
+    assert not under_way.exists()
+
+
 def test_adding_the_same_shape_again_is_a_no_op(path: Path) -> None:
     # given a registered shape
     registry = ShapeRegistry.open(path)

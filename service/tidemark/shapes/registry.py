@@ -104,9 +104,16 @@ class ShapeRegistry:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> ShapeRegistry:
-        """Load the registry stored at ``path``; a missing file is an empty registry."""
+        """Load this instance's registry stored at ``path`` (a missing file is an empty
+        registry), removing temp files its earlier writes left."""
+        remove_stale_temporaries(Path(path))
+        return cls.read(path)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> ShapeRegistry:
+        """Load the registry at ``path`` and touch nothing: another instance's (a temp
+        file beside it may be that instance's write under way)."""
         file = Path(path)
-        remove_stale_temporaries(file)
         try:
             text = file.read_text(encoding="utf-8")
         except FileNotFoundError:
