@@ -32,6 +32,7 @@ from deltalake.transaction import AddAction
 from tidemark.app import Service
 from tidemark.errors import WriterFenced
 from tidemark.sink import ChangelogTable, table_format
+from tidemark.sink.delta.log import recover_log
 from tidemark.sink.delta.table import ShapeTable
 from tidemark.sink.files import DataFile
 from tidemark.sink.schema import ColumnSpec, table_schema
@@ -385,8 +386,10 @@ def test_a_deposed_leader_writes_no_log_entry_ahead_of_a_commit(tmp_path: Path) 
 def test_a_round_deposed_while_it_prepares_leaves_none_of_its_entries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The takeover lands between two members' entries: the round fails, and the
-    entry it had written for the first member is removed with it."""
+    """The takeover lands between two members' entries: the round fails, no entry is
+    named, and the one it had written for the first member stays where it is (a
+    deposed leader removes nothing under the root either) until the next start's
+    ``recover_log`` removes it."""
     from tidemark import fencing
     from tidemark.lsn import LogOffset
     from tidemark.writers import group_commit
@@ -412,7 +415,13 @@ def test_a_round_deposed_while_it_prepares_leaves_none_of_its_entries(
         monkeypatch.setattr(group_commit, "prepared_sync", then_taken_over)
         with pytest.raises(fencing.Deposed):
             asyncio.run(group_commit.group_commit(members, None, 0.0))  # type: ignore[arg-type]
+        left = {table.shape: list(table.log_dir.glob("_commit_*")) for table, _, _ in members}
+        assert [len(left["first"]), len(left["second"])] == [1, 0]
         for table, _, _ in members:
+            assert DeltaTable(table.uri).version() == 1
+        fencing.install(fencing.Fence())  # the next start
+        for table, _, _ in members:
+            recover_log(table.shape, table.path, Path(root))
             assert not list(table.log_dir.glob("_commit_*"))
             assert DeltaTable(table.uri).version() == 1
     finally:
