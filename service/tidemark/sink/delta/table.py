@@ -47,7 +47,16 @@ process's own maintenance, committed), the commit goes the library's way: re-rea
 check, commit. Every ``checkpointInterval`` versions (100) the library writes a
 checkpoint, as its post-commit hook does. A library commit costs 4-7 ms (commit
 plus the re-read after it); this one 0.3 ms, most of it creating the file, which
-is what a flush round of 1000 shapes pays 1000 times.
+is what a flush round of 1000 shapes pays 1000 times. A backfill commit that removes
+nothing and keeps the schema (a new shape's first) is written the same way, with the
+generation counted up.
+
+New tables without the library: the library makes the first table of each schema, and
+its first log entry (protocol and metadata) is kept; a later table of the same schema
+is made by writing that entry with its own id, name, description and time, put only
+if absent, and its head is known at once (version 0, no files). Only entries whose
+protocol asks nothing of a writer are kept. At 1000 new shapes the library's creation
+and backfill commit (with the reads of the log around them) were most of the start.
 
 Durability (``tidemark.durable``): a commit's files are synced (``fdatasync``, with
 their ``data/<uuid>/`` and ``data/`` folders) before the entry that names them is
@@ -123,6 +132,60 @@ class _Head:
     version: int
     app_version: int | None  # our application transaction's version at ``version``
     checkpoint_interval: int
+    generation: int  # the table's generation at ``version`` (``ShapeTable.generation``)
+
+
+@dataclass(frozen=True)
+class _Made:
+    """What the library wrote as a new table's protocol and metadata for a schema."""
+
+    protocol: dict[str, Any]
+    metadata: dict[str, Any]  # (its id, name, description and time are each table's own)
+    checkpoint_interval: int
+    arrow: pa.Schema  # the schema as the library gives it back (``arrow_schema``)
+
+
+class _Creations:
+    """The first log entry the library wrote for each schema tables were made with: a
+    table of the same schema is made by writing that entry directly (a library
+    creation cost 15-20 ms of two busy cores at 1000 new shapes, most of the
+    start-up). Only entries whose protocol asks nothing of a writer are kept, so
+    what the library would decide for a schema is never guessed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: dict[bytes, _Made] = {}
+
+    @staticmethod
+    def _key(schema: pa.Schema) -> bytes:
+        return bytes(schema.serialize())
+
+    def get(self, schema: pa.Schema) -> _Made | None:
+        with self._lock:
+            return self._made.get(self._key(schema))
+
+    def learn(self, schema: pa.Schema, dt: DeltaTable, log_dir: Path) -> None:
+        """Keep what the library wrote as version 0 of ``dt`` in ``log_dir`` (best
+        effort)."""
+        try:
+            actions = [json.loads(line) for line in (log_dir / f"{0:020d}.json").open()]
+        except (OSError, ValueError):
+            return
+        protocol = next((a["protocol"] for a in actions if "protocol" in a), None)
+        metadata = next((a["metaData"] for a in actions if "metaData" in a), None)
+        if protocol != {"minReaderVersion": 1, "minWriterVersion": 2} or metadata is None:
+            return
+        interval = int(
+            (metadata.get("configuration") or {}).get("delta.checkpointInterval")
+            or CHECKPOINT_INTERVAL
+        )
+        with self._lock:
+            self._made[self._key(schema)] = _Made(
+                protocol, metadata, interval, pa.schema(dt.schema().to_arrow())
+            )
+
+
+_MADE = _Creations()
 
 
 def tables_dir(root: str | Path) -> Path:
@@ -168,6 +231,9 @@ class ShapeTable(TableFolder):
         self._lock = threading.RLock()
         self._dt: DeltaTable | None = None
         self._head: _Head | None = None
+        # the schema of a table made directly (``_create_directly``), until the handle is
+        # read: its schema changes only through the handle
+        self._schema0: pa.Schema | None = None
         self._direct = True  # appends may be written directly (see _append)
         self._behind = False  # the handle has not read appends written directly
         # a writer schema found to fit the table (``writers.job.fit_table``); forgotten
@@ -197,22 +263,88 @@ class ShapeTable(TableFolder):
                 {"tidemark": {"primary_key": list(primary_key), "shape": dict(definition or {})}},
                 sort_keys=True,
             )
-            try:
-                self._dt = DeltaTable.create(
-                    self.uri,
-                    schema=with_primary_key(schema, primary_key),
-                    mode="error",
-                    name=self.shape,
-                    description=description,
-                    commit_properties=fencing.current().creation(),
-                )
-            except Exception as exc:
-                raise SinkError(
-                    f"cannot create the Delta table of shape '{self.shape}' at {self.uri}: {exc}"
-                ) from exc
+            keyed = with_primary_key(schema, primary_key)
+            made = _MADE.get(keyed) if self._direct else None
+            if made is None or not self._create_directly(made, description):
+                self._create_library(keyed, description)
             self._created()
+            if self._dt is not None:
+                # the first commits (a new shape's backfill, then the stream's) may be
+                # written directly: the handle made the log's only version
+                self._know(self._dt)
             log.info("table.created", shape=self.shape, path=self.uri)
             return True
+
+    def _create_library(self, schema: pa.Schema, description: str) -> None:
+        try:
+            self._dt = DeltaTable.create(
+                self.uri,
+                schema=schema,
+                mode="error",
+                name=self.shape,
+                description=description,
+                commit_properties=fencing.current().creation(),
+            )
+        except Exception as exc:
+            raise SinkError(
+                f"cannot create the Delta table of shape '{self.shape}' at {self.uri}: {exc}"
+            ) from exc
+        _MADE.learn(schema, self._dt, self.log_dir)
+
+    def _create_directly(self, made: _Made, description: str) -> bool:
+        """Write the new table's first log entry as the library wrote it for a table of
+        the same schema (``_MADE``), with this table's id, name and description; its
+        head is then known without reading it back. ``SinkError`` when the folder has
+        a first entry already (as the library's ``mode="error"``); False (nothing
+        written) when the filesystem cannot put a file only if absent."""
+        now = int(time.time() * 1000)
+        metadata = {
+            **made.metadata,
+            "id": str(uuid.uuid4()),
+            "name": self.shape,
+            "description": description,
+            "createdTime": now,
+        }
+        info: dict[str, Any] = {
+            "timestamp": now,
+            "operation": "CREATE TABLE",
+            "operationParameters": {
+                "location": self.path.as_uri() + "/",
+                "mode": "ErrorIfExists",
+                "metadata": json.dumps(metadata, separators=(",", ":")),
+                "protocol": json.dumps(made.protocol, separators=(",", ":")),
+            },
+            "engineInfo": ENGINE,
+            **fencing.current().commit_info(),
+        }
+        lines = [{"commitInfo": info}, {"protocol": made.protocol}, {"metaData": metadata}]
+        epoch = fencing.current().epoch
+        if epoch is not None:  # born marked, as ``Fence.creation`` has the library do
+            lines.append({"txn": {"appId": fencing.current().app_id, "version": epoch}})
+        entry = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+        self.log_dir.mkdir(exist_ok=True)
+        temp = self.log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
+        write_synced(temp, entry.encode())
+        try:
+            fencing.check()
+        except BaseException:
+            fencing.remove_own(temp)
+            raise
+        try:
+            published = publish_new(temp, self._entry_path(0))
+        except OSError as exc:  # e.g. a filesystem without hard links: the library's way
+            log.warning("commit.direct_unavailable", shape=self.shape, error=str(exc))
+            self._direct = False  # (publish_new removed the temp file)
+            return False
+        if not published:
+            raise SinkError(
+                f"cannot create the Delta table of shape '{self.shape}' at {self.uri}: "
+                "a table exists there already"
+            )
+        self._dt = None
+        self._head = _Head(0, None, made.checkpoint_interval, 0)
+        self._schema0 = made.arrow
+        return True
 
     def _created(self) -> None:
         """A new table's first log entry, its ``data/`` folder and the folders up to the
@@ -245,18 +377,18 @@ class ShapeTable(TableFolder):
                     raise SinkError(f"shape '{self.shape}' has no table at {self.uri} yet")
                 self._dt = DeltaTable(self.uri)
                 self._behind = False
+                self._schema0 = None
             return self._dt
 
     def refresh_handle(self) -> None:
         """Forget what the handle knew of the table (its folder was replaced)."""
         with self._lock:
-            self._dt = self._head = None
+            self._dt = self._head = self._schema0 = None
             self.fitted = None
 
     def refresh(self) -> DeltaTable:
         with self._lock:
-            self._dt = None
-            self._head = None
+            self._dt = self._head = self._schema0 = None
             self.fitted = None
             return self.table()
 
@@ -330,7 +462,10 @@ class ShapeTable(TableFolder):
         return list(primary_key) != self.primary_key()
 
     def arrow_schema(self) -> pa.Schema:
-        return pa.schema(self._handle().schema().to_arrow())
+        with self._lock:
+            if self._dt is None and self._schema0 is not None:
+                return self._schema0
+            return pa.schema(self._handle().schema().to_arrow())
 
     def ensure_columns(self, schema: pa.Schema) -> list[str]:
         """Add the fields of ``schema`` the table lacks; returns their names."""
@@ -425,8 +560,16 @@ class ShapeTable(TableFolder):
     def _holds(self, done: int | None, first: int, end_lsn: int) -> bool:
         return holds(self.shape, done, first, end_lsn)
 
-    def _entry(self, files: Sequence[DataFile], custom: Mapping[str, Any], end_lsn: int) -> bytes:
-        """The log entry of a direct append: commit info, the adds, our transaction."""
+    def _entry(
+        self,
+        files: Sequence[DataFile],
+        custom: Mapping[str, Any],
+        end_lsn: int | None,
+        extra: Mapping[str, int] | None = None,
+    ) -> bytes:
+        """The log entry of a direct append: commit info, the adds, our transaction
+        (``end_lsn``; None: not set, as when a backfill commits) and the ``extra``
+        application transactions (id -> version)."""
         now = int(time.time() * 1000)
         info: dict[str, Any] = {
             "timestamp": now,
@@ -439,8 +582,10 @@ class ShapeTable(TableFolder):
         info |= fencing.current().commit_info()
         lines = [json.dumps({"commitInfo": info}, separators=(",", ":"))]
         lines += [json.dumps({"add": add_entry(f)}, separators=(",", ":")) for f in files]
-        txn = {"appId": self.app_id, "version": end_lsn, "lastUpdated": now}
-        lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
+        txns = {} if end_lsn is None else {self.app_id: end_lsn}
+        for app_id, version in {**txns, **(extra or {})}.items():
+            txn = {"appId": app_id, "version": version, "lastUpdated": now}
+            lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
         epoch = fencing.current().epoch
         if epoch is not None:  # the leader's mark (tidemark.fencing)
             mark = {"appId": fencing.current().app_id, "version": epoch, "lastUpdated": now}
@@ -459,16 +604,28 @@ class ShapeTable(TableFolder):
         end_lsn)`` (``prepared``: that entry, written and synced already); None when
         that version exists (someone committed since ``head``: the caller takes the
         library's way, which re-reads the log)."""
+        if prepared is None:
+            fencing.check()
+            entry: bytes | Path = self._entry(files, custom, end_lsn)
+        else:
+            entry = prepared
+        return self._publish(head, entry, end_lsn, head.generation)
+
+    def _publish(
+        self, head: _Head, entry: bytes | Path, app_version: int | None, generation: int
+    ) -> int | None:
+        """Publish ``entry`` (bytes, or a temp file in the log written and synced
+        already) as log version ``head.version + 1``; the new head has ``app_version``
+        and ``generation``. None when that version exists."""
         version = head.version + 1
         log_dir = self.log_dir
-        if prepared is not None:
-            temp = prepared
+        if isinstance(entry, Path):
+            temp = entry
         else:
-            fencing.check()
             temp = log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
             # synced before it gets its name: a log entry on disk is always whole (its
             # folder is synced by the caller, with the other tables' of the round)
-            write_synced(temp, self._entry(files, custom, end_lsn))
+            write_synced(temp, entry)
         try:
             # (a newer leader's epoch mark takes version ``head + 1`` first: the
             # publication below then fails, and the library's way checks the mark)
@@ -477,7 +634,7 @@ class ShapeTable(TableFolder):
             fencing.remove_own(temp)
             raise
         try:
-            published = publish_new(temp, log_dir / f"{version:020d}.json")
+            published = publish_new(temp, self._entry_path(version))
         except OSError as exc:  # e.g. a filesystem without hard links: the library's way
             log.warning("commit.direct_unavailable", shape=self.shape, error=str(exc))
             self._head, self._direct = None, False  # (publish_new removed the temp file)
@@ -485,7 +642,7 @@ class ShapeTable(TableFolder):
         if not published:
             self._head = None
             return None
-        self._head = _Head(version, end_lsn, head.checkpoint_interval)
+        self._head = _Head(version, app_version, head.checkpoint_interval, generation)
         self._behind = True
         if version % head.checkpoint_interval == 0:
             # the commit has landed: a checkpoint that fails is only a slower read
@@ -513,13 +670,18 @@ class ShapeTable(TableFolder):
             return
         config = dt.metadata().configuration
         interval = int(config.get("delta.checkpointInterval") or CHECKPOINT_INTERVAL)
-        self._head = _Head(dt.version(), dt.transaction_version(self.app_id), interval)
+        self._head = _Head(
+            dt.version(), dt.transaction_version(self.app_id), interval, self.generation(dt)
+        )
 
     # -- durability -----------------------------------------------------------
 
     @property
     def log_dir(self) -> Path:
         return self.path / "_delta_log"
+
+    def _entry_path(self, version: int) -> Path:
+        return self.log_dir / f"{version:020d}.json"
 
     def log_sync(self) -> SyncSet:
         """What makes the entries committed by direct appends durable: the log folder
@@ -552,7 +714,7 @@ class ShapeTable(TableFolder):
                 synced = SyncSet()
                 synced.folder(self.path)
                 synced.sync()
-            self._dt = self._head = None
+            self._dt = self._head = self._schema0 = None
             try:
                 active = self._active_files(self._handle())
             except Exception as exc:
@@ -582,7 +744,7 @@ class ShapeTable(TableFolder):
         before = dt.version()
         dt.alter.set_table_properties({TXN_RETENTION_KEY: TRANSACTION_RETENTION})
         self._synced_library_commit(before, dt.version())
-        self._dt = self._head = None
+        self._dt = self._head = self._schema0 = None
         log.warning(
             "table.transaction_retention_overridden",
             shape=self.shape,
@@ -601,6 +763,9 @@ class ShapeTable(TableFolder):
 
     def active_files_with_sizes(self) -> list[tuple[str, int]]:
         with self._lock:
+            head = self._head
+            if head is not None and head.version == 0 and not self._entry_path(1).exists():
+                return []  # made by ``create`` (no files), nothing committed since
             dt = self.table()
             dt.update_incremental()
             return self._active_files(dt)
@@ -620,11 +785,20 @@ class ShapeTable(TableFolder):
         ``replace=(schema, primary_key)``: the commit also replaces the table's schema
         and key (a resync after a type or key change). It then removes *every* active
         file: the caller holds the shape's stream commits from the snapshot on, so
-        every active file is older than the snapshot."""
+        every active file is older than the snapshot.
+
+        A commit that removes nothing and keeps the schema is written directly when the
+        handle knows the newest version (a new shape's first backfill: see the module
+        docstring); the library's way otherwise."""
         with self._lock:
+            custom = {"tidemark.operation": "backfill", **(metadata or {})}
+            head = self._head
+            if replace is None and not remove and head is not None:
+                version = self._backfill_directly(head, files, custom)
+                if version is not None:
+                    return version
             dt = self.table()
             dt.update_incremental()
-            custom = {"tidemark.operation": "backfill", **(metadata or {})}
             version = dt.transaction_version(self.app_id)
             generation = [Transaction(GENERATION_PREFIX + self.shape, self.generation(dt) + 1)]
             if replace is not None:
@@ -635,6 +809,25 @@ class ShapeTable(TableFolder):
             now = int(time.time() * 1000)
             removes = [RemoveAction(p, True, now, size, {}) for p, size in remove if p in active]
             return self._write(dt, removes, files, custom, version, extra=generation)
+
+    def _backfill_directly(
+        self, head: _Head, files: Sequence[DataFile], custom: Mapping[str, Any]
+    ) -> int | None:
+        """``backfill_commit`` adding ``files`` as log version ``head.version + 1``,
+        synced before it returns; None when that version exists."""
+        fencing.check()
+        self.files_sync(files).sync()  # the files before the entry that names them
+        generation = head.generation + 1
+        entry = self._entry(
+            files,
+            custom,
+            None,
+            {GENERATION_PREFIX + self.shape: generation},
+        )
+        version = self._publish(head, entry, head.app_version, generation)
+        if version is not None:
+            self.log_sync().sync()
+        return version
 
     def retention_commit(
         self, remove: Sequence[tuple[str, int]], files: Sequence[DataFile], retained_lsn: int
