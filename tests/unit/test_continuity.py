@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -165,6 +167,39 @@ def test_an_invalidation_is_durable_before_the_next_acknowledgement(tmp_path: Pa
     assert ContinuityStore(tmp_path).claim("a") is not None  # not written yet
     asyncio.run(store.before_send(5000))  # a flush that does not even move
     assert ContinuityStore(tmp_path).claim("a") is None
+
+
+def test_callers_waiting_for_a_claims_write_share_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidemark.continuity import store as store_module
+
+    real = store_module.write_atomically
+    writes: list[str] = []
+    writing = threading.Event()
+
+    def slow(path: Path, data: str, **kw: object) -> None:
+        writes.append(data)
+        writing.set()
+        time.sleep(0.3)
+        real(path, data, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module, "write_atomically", slow)
+    store = ContinuityStore(tmp_path)
+    store.record_claim("a", FENCE, 1)
+    first = threading.Thread(target=store.write_claims)
+    first.start()
+    assert writing.wait(5)
+    waiting = []
+    for name in ("b", "c"):  # each recorded, then written by its own caller
+        store.record_claim(name, FENCE, 2)
+        waiting.append(threading.Thread(target=store.write_claims))
+        waiting[-1].start()
+        time.sleep(0.05)
+    for t in [first, *waiting]:
+        t.join()
+    assert len(writes) == 2  # the first, then one for both callers that waited
+    assert sorted(ContinuityStore(tmp_path).claimed()) == ["a", "b", "c"]
 
 
 def test_the_sent_flush_only_grows(tmp_path: Path) -> None:

@@ -247,37 +247,39 @@ class ContinuityStore:
         return self._claims_version != self._claims_written
 
     def write_claims(self) -> None:
-        with self._lock:
-            version = self._claims_version
-            if version == self._claims_written:
-                return
-            # the text json.dumps(..., separators=(",", ":")) gives for the whole
-            # document, made of each claim's text kept from the write before (at 1000
-            # new shapes each backfill writes the file: encoding every claim each time
-            # was 6 ms a write, most of the start-up's Python time)
-            texts: dict[str, tuple[Claim, str]] = {}
-            for name, claim in self._claims.items():
-                kept = self._claim_texts.get(name)
-                if kept is None or kept[0] is not claim:
-                    kept = (claim, _compact(claim.to_json()))
-                texts[name] = kept
-            self._claim_texts = texts
-            claims = ",".join(f"{_compact(n)}:{texts[n][1]}" for n in sorted(texts))
-            invalidations = _compact(
-                {n: i.to_json() for n, i in sorted(self._invalidations.items())}
-            )
-            text = (
-                f'{{"version":{_compact(FORMAT_VERSION)},"claims":{{{claims}}},'
-                f'"invalidations":{invalidations}}}'
-            )
+        # one write at a time, of the newest claims: a caller that waited for the write
+        # before it finds its changes written already (at 1000 new shapes, backfills
+        # that commit together share a write)
         with self._write_lock:
-            if version <= self._claims_written:
-                return
+            with self._lock:
+                version = self._claims_version
+                if version <= self._claims_written:
+                    return
+                text = self._claims_text()
             write_atomically(self.claims_path, text, check=fencing.check)
             self._claims_written = version
         if self._legacy_path.exists():
             with contextlib.suppress(OSError):
                 self._legacy_path.unlink()
+
+    def _claims_text(self) -> str:
+        """The text json.dumps(..., separators=(",", ":")) gives for the whole document,
+        made of each claim's text kept from the write before (at 1000 new shapes each
+        backfill writes the file: encoding every claim each time was 6 ms a write, most
+        of the start-up's Python time). Under ``_lock``."""
+        texts: dict[str, tuple[Claim, str]] = {}
+        for name, claim in self._claims.items():
+            kept = self._claim_texts.get(name)
+            if kept is None or kept[0] is not claim:
+                kept = (claim, _compact(claim.to_json()))
+            texts[name] = kept
+        self._claim_texts = texts
+        claims = ",".join(f"{_compact(n)}:{texts[n][1]}" for n in sorted(texts))
+        invalidations = _compact({n: i.to_json() for n, i in sorted(self._invalidations.items())})
+        return (
+            f'{{"version":{_compact(FORMAT_VERSION)},"claims":{{{claims}}},'
+            f'"invalidations":{invalidations}}}'
+        )
 
     def write_stream(self) -> None:
         with self._lock:
