@@ -174,6 +174,10 @@ class ShapeSet:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._catalog_conn: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._catalog_lock = asyncio.Lock()
+        # per table, the catalog read not begun yet that rebinds asking now will share
+        self._catalog_next: dict[
+            tuple[str, str], tuple[asyncio.Future[CatalogTable], ShapeDefinition]
+        ] = {}
 
     # -- activation ----------------------------------------------------------------
 
@@ -478,16 +482,7 @@ class ShapeSet:
 
     async def _rebind(self, status: ShapeStatus) -> None:
         """Bind the shape to its table as the catalog has it now."""
-        async with self._catalog_lock:  # one connection for every backfill's rebind
-            conn = self._catalog_conn
-            if conn is None or conn.closed:
-                conn = self._catalog_conn = await self._source()
-            try:
-                catalog = await read_table(conn, status.definition)
-            except BaseException:
-                self._catalog_conn = None
-                await conn.close()
-                raise
+        catalog = await self._catalog(status.definition)
         checked = check_shape(status.definition, catalog)
         name = status.definition.name
         writer = self.scheduler.writers.get(name) if self.scheduler is not None else None
@@ -505,6 +500,41 @@ class ShapeSet:
             checked.as_text,
         )
         writer.set_columns(column_specs(checked.shape))
+
+    async def _catalog(self, definition: ShapeDefinition) -> CatalogTable:
+        """The catalog of ``definition``'s table, read after this call: the next read of
+        that table, shared by every caller until it begins."""
+        key = (definition.schema_name, definition.table_name)
+        if key not in self._catalog_next:
+            task = asyncio.ensure_future(self._read_catalog(key, definition))
+            self._catalog_next[key] = (task, definition)
+        read, began = self._catalog_next[key]
+        try:
+            return await asyncio.shield(read)
+        except ShapeError:
+            if began is definition:
+                raise
+            # (its message names the shape that began the read: read for this one)
+            return await self._read_catalog(key, definition)
+
+    async def _read_catalog(
+        self, key: tuple[str, str], definition: ShapeDefinition
+    ) -> CatalogTable:
+        """Read a table's catalog for ``definition`` and for every rebind of a shape of
+        that table that asked before the read began (backfills of shapes of one table
+        share it: they wait for each other's reads anyway, one connection serving all)."""
+        async with self._catalog_lock:
+            if self._catalog_next.get(key, (None,))[0] is asyncio.current_task():
+                del self._catalog_next[key]  # a rebind asking from now on reads again
+            conn = self._catalog_conn
+            if conn is None or conn.closed:
+                conn = self._catalog_conn = await self._source()
+            try:
+                return await read_table(conn, definition)
+            except BaseException:
+                self._catalog_conn = None
+                await conn.close()
+                raise
 
     # -- backfills ------------------------------------------------------------------------------
 
