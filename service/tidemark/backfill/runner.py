@@ -414,4 +414,5 @@ async def _read_chunks(
         for job in rounds:
             job.cancel()
         await asyncio.gather(*rounds, return_exceptions=True)
-        await asyncio.to_thread(fencing.clear, table.path / spool)
+        if (table.path / spool).exists():  # (made by the first chunk that had rows)
+            await asyncio.to_thread(fencing.clear, table.path / spool)
