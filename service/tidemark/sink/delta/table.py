@@ -323,18 +323,8 @@ class ShapeTable(TableFolder):
             lines.append({"txn": {"appId": fencing.current().app_id, "version": epoch}})
         entry = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
         self.log_dir.mkdir(exist_ok=True)
-        temp = self.log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
-        write_synced(temp, entry.encode())
-        try:
-            fencing.check()
-        except BaseException:
-            fencing.remove_own(temp)
-            raise
-        try:
-            published = publish_new(temp, self._entry_path(0))
-        except OSError as exc:  # e.g. a filesystem without hard links: the library's way
-            log.warning("commit.direct_unavailable", shape=self.shape, error=str(exc))
-            self._direct = False  # (publish_new removed the temp file)
+        published = self._put_entry(entry.encode(), 0)
+        if published is None:
             return False
         if not published:
             raise SinkError(
@@ -618,28 +608,9 @@ class ShapeTable(TableFolder):
         already) as log version ``head.version + 1``; the new head has ``app_version``
         and ``generation``. None when that version exists."""
         version = head.version + 1
-        log_dir = self.log_dir
-        if isinstance(entry, Path):
-            temp = entry
-        else:
-            temp = log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
-            # synced before it gets its name: a log entry on disk is always whole (its
-            # folder is synced by the caller, with the other tables' of the round)
-            write_synced(temp, entry)
-        try:
-            # (a newer leader's epoch mark takes version ``head + 1`` first: the
-            # publication below then fails, and the library's way checks the mark)
-            fencing.check()
-        except BaseException:
-            fencing.remove_own(temp)
-            raise
-        try:
-            published = publish_new(temp, self._entry_path(version))
-        except OSError as exc:  # e.g. a filesystem without hard links: the library's way
-            log.warning("commit.direct_unavailable", shape=self.shape, error=str(exc))
-            self._head, self._direct = None, False  # (publish_new removed the temp file)
-            return None
-        if not published:
+        # (a newer leader's epoch mark takes version ``head + 1`` first: the publication
+        # then fails, and the library's way checks the mark)
+        if not self._put_entry(entry, version):
             self._head = None
             return None
         self._head = _Head(version, app_version, head.checkpoint_interval, generation)
@@ -658,6 +629,29 @@ class ShapeTable(TableFolder):
                 log.warning("commit.checkpoint_failed", shape=self.shape, error=str(exc))
                 self._head = None
         return version
+
+    def _put_entry(self, entry: bytes | Path, version: int) -> bool | None:
+        """Name ``entry`` (bytes, or a temp file in the log written and synced already)
+        log version ``version`` unless that version exists (False): synced before it
+        gets its name, so an entry on disk is always whole (the log folder is synced by
+        the caller), and the fence checked right before. None: this filesystem cannot
+        put a file only if absent (e.g. no hard links): the library's way from now on."""
+        if isinstance(entry, Path):
+            temp = entry
+        else:
+            temp = self.log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
+            write_synced(temp, entry)
+        try:
+            fencing.check()
+        except BaseException:
+            fencing.remove_own(temp)
+            raise
+        try:
+            return publish_new(temp, self._entry_path(version))
+        except OSError as exc:  # (publish_new removed the temp file)
+            log.warning("commit.direct_unavailable", shape=self.shape, error=str(exc))
+            self._direct = False
+            return None
 
     def _know(self, dt: DeltaTable) -> None:
         """Remember ``dt``'s version as the newest the handle knows (just updated or
