@@ -76,6 +76,7 @@ class Snapshot:
     # a partitioned table's members as the snapshot sees them (its leaves are read)
     partitions: tuple[Member, ...] = ()
     partitioned: bool = False
+    columns: tuple[str, ...] = ()  # the table's, as the stream describes them
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +94,21 @@ async def begin_snapshot(conn: Reader, shape: BoundShape) -> None:
     no snapshot is taken yet. Raises ``psycopg.errors.LockNotAvailable`` when the lock
     is not granted within ``LOCK_TIMEOUT_S`` (the transaction is rolled back)."""
     rel = shape.relation
-    await conn.execute("begin isolation level repeatable read read only")
+    # one round trip (statements without parameters go as one simple query; at 1000 new
+    # shapes every backfill begins a snapshot): a refused lock skips the rest
     try:
-        await conn.execute(f"set local lock_timeout = '{int(LOCK_TIMEOUT_S * 1000)}ms'")
         await conn.execute(
-            sql.SQL("lock table {}.{} in access share mode").format(
-                sql.SQL(quote_identifier(rel.namespace)), sql.SQL(quote_identifier(rel.name))
+            sql.SQL(
+                "begin isolation level repeatable read read only;"
+                " set local lock_timeout = {timeout};"
+                " lock table {schema}.{table} in access share mode;"
+                " set local lock_timeout = 0"
+            ).format(
+                timeout=sql.Literal(f"{int(LOCK_TIMEOUT_S * 1000)}ms"),
+                schema=sql.SQL(quote_identifier(rel.namespace)),
+                table=sql.SQL(quote_identifier(rel.name)),
             )
         )
-        await conn.execute("set local lock_timeout = 0")
     except psycopg.errors.LockNotAvailable:
         await conn.execute("rollback")
         raise
@@ -379,27 +386,31 @@ async def take_snapshot(
     conn: psycopg.AsyncConnection[tuple[object, ...]], shape: BoundShape
 ) -> Snapshot:
     """The snapshot of the transaction ``begin_snapshot`` opened (kept open by the
-    caller until the chunks are read)."""
+    caller until the chunks are read), with the table's size and its columns as the
+    stream describes them (no dropped or generated ones, in order) as that transaction
+    sees the catalog: one round trip (the consumer waits while it runs)."""
+    rel = shape.relation
     row = await (
         await conn.execute(
-            f"select pg_current_snapshot()::text, {SOURCE_WAL_LSN}::text, pg_export_snapshot()"
+            f"select pg_current_snapshot()::text, {SOURCE_WAL_LSN}::text, pg_export_snapshot(),"
+            " s.pages, s.tuples, s.relkind, array(select attname::text from pg_attribute"
+            " where attrelid = %s and attnum > 0 and not attisdropped and attgenerated = ''"
+            " order by attnum)"
+            " from (values (1)) one left join lateral ("
+            " select (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint"
+            " as pages, greatest(c.reltuples, 0)::bigint as tuples, c.relkind from pg_class c"
+            " join pg_namespace n on n.oid = c.relnamespace"
+            " where n.nspname = %s and c.relname = %s) s on true",
+            (rel.oid, rel.namespace, rel.name),
         )
     ).fetchone()
     assert row is not None
     fence = SnapshotFence.parse(str(row[0]), int(Lsn.parse(str(row[1]))))
-    rel = shape.relation
-    stats = await (
-        await conn.execute(
-            "select (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint,"
-            " greatest(c.reltuples, 0)::bigint, c.relkind from pg_class c"
-            " join pg_namespace n on n.oid = c.relnamespace"
-            " where n.nspname = %s and c.relname = %s",
-            (rel.namespace, rel.name),
-        )
-    ).fetchone()
-    relpages, reltuples = (int(str(stats[0])), int(str(stats[1]))) if stats else (0, 0)
-    if stats is None or stats[2] != "p":
-        return Snapshot(fence, str(row[2]), relpages, reltuples)
+    columns = tuple(str(c) for c in row[6])  # type: ignore[attr-defined]
+    found = row[5] is not None
+    relpages, reltuples = (int(str(row[3])), int(str(row[4]))) if found else (0, 0)
+    if not found or row[5] != "p":
+        return Snapshot(fence, str(row[2]), relpages, reltuples, columns=columns)
     members = tuple(await read_tree(conn, rel.oid))
     return Snapshot(
         fence,
@@ -408,18 +419,8 @@ async def take_snapshot(
         sum(m.reltuples for m in leaves(members)),
         members,
         partitioned=True,
+        columns=columns,
     )
-
-
-async def table_columns(conn: psycopg.AsyncConnection[tuple[object, ...]], oid: int) -> list[str]:
-    """The table's columns as the stream describes them (no dropped or generated
-    ones), in order, as the snapshot transaction on ``conn`` sees the catalog."""
-    cur = await conn.execute(
-        "select attname from pg_attribute where attrelid = %s and attnum > 0"
-        " and not attisdropped and attgenerated = '' order by attnum",
-        (oid,),
-    )
-    return [str(r[0]) for r in await cur.fetchall()]
 
 
 def plan_chunks(

@@ -73,7 +73,6 @@ from tidemark.backfill.reader import (
     connect_reader,
     import_snapshot,
     plan_snapshot_chunks,
-    table_columns,
     take_snapshot,
 )
 from tidemark.shapes.model import BoundShape
@@ -287,8 +286,7 @@ async def _snapshot(
             continue
         async with paused():
             snapshot = await take_snapshot(conn, shape)
-            columns = await table_columns(conn, shape.relation.oid)
-            if columns != [c.name for c in shape.relation.columns]:
+            if list(snapshot.columns) != [c.name for c in shape.relation.columns]:
                 for c in _every(conn, readers):
                     await c.execute("rollback")
                 raise CatalogMoved(shape.name)
