@@ -507,6 +507,8 @@ class ShapeSet:
         key = (definition.schema_name, definition.table_name)
         if key not in self._catalog_next:
             task = asyncio.ensure_future(self._read_catalog(key, definition))
+            self._tasks.add(task)  # (cancelled by ``stop``: no caller may be left to)
+            task.add_done_callback(self._tasks.discard)
             self._catalog_next[key] = (task, definition)
         read, began = self._catalog_next[key]
         try:

@@ -30,6 +30,7 @@ def _shapes() -> shapeset.ShapeSet:
     shapes._source = source
     shapes._catalog_lock = asyncio.Lock()
     shapes._catalog_next = {}
+    shapes._tasks = set()
     return shapes
 
 
