@@ -5,10 +5,11 @@ as the end-to-end sections' service does between the socket and a flush.
 
 The table and shapes are the end-to-end sections': ``bench_items(id int8, grp int4,
 name text, note text)`` with shapes ``grp = 0`` .. ``grp = 9``, rows spread over
-them. Two workloads: ``small`` (transactions of 10 rows, so each touches every shape
-with one row: the per-transaction work of each writer counts for every row) and
-``bulk`` (transactions of 10,000 rows). The messages are built up front; the best of
-five runs is reported, in microseconds a row, on one core.
+them, with the garbage collector's thresholds the service sets at its start
+(``allocators.tune_collector``). Two workloads: ``small`` (transactions of 10 rows,
+so each touches every shape with one row: the per-transaction work of each writer
+counts for every row) and ``bulk`` (transactions of 10,000 rows). The messages are
+built up front; the best of five runs is reported, in microseconds a row, on one core.
 
 Run: ``python -m bench collector`` (about 20 s).
 """
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 
 import pgoutput_bytes as pg
 
+from tidemark.allocators import tune_collector
 from tidemark.collector import ShapeLogCollector
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lsn import LogOffset
@@ -103,6 +105,7 @@ def one_run(messages: list[bytes]) -> tuple[float, int]:
 
 def main(rows: int = 200_000) -> dict[str, float]:
     print(f"== the stream's Python work: {rows:,} inserts through {SHAPES} shapes ==")
+    tune_collector()  # as the service does at its start
     out: dict[str, float] = {}
     for name, txn_rows in (("small", 10), ("bulk", 10_000)):
         messages = payloads(rows, txn_rows)
