@@ -20,6 +20,9 @@ fragments of at most ``fragment_changes`` changes):
   the transaction declines: a replay after restart). Change ``i`` of a
   transaction writes rows with ``_op = 2*i`` (and ``2*i + 1`` for the insert half
   of a primary-key change), so ``(_lsn, _op)`` is unique in every shape.
+  An insert, most of a stream, skips ``convert``'s per-shape items: each shape it
+  routes to gets the projected row directly (``_insert``; property-tested against
+  the general way).
   A shape with a snapshot fence (``tidemark.backfill.fence``) skips the
   transactions its snapshot already holds; a shape added while a transaction is
   open skips that one (it committed before the snapshot was taken).
@@ -69,7 +72,7 @@ from tidemark.lsn import LogOffset, offset_of
 from tidemark.pgoutput import messages as m
 from tidemark.pgoutput.relations import RelationCache
 from tidemark.shapes.catalog import resolve_domains
-from tidemark.shapes.convert import convert, convert_truncate
+from tidemark.shapes.convert import INSERT, convert, convert_truncate
 from tidemark.shapes.model import BoundShape, ShapeResync, rebind
 from tidemark.shapes.routing import ShapeIndex
 from tidemark.writers.writer import ShapeWriter
@@ -349,7 +352,52 @@ class ShapeLogCollector:
             return  # a published table no shape reads
         if not len(index):
             return
-        self._deliver(txn, convert(index, change), 2 * i, size)
+        if type(change) is m.Insert:
+            self._insert(txn, index, change, 2 * i, size)
+        else:
+            self._deliver(txn, convert(index, change), 2 * i, size)
+
+    def _insert(self, txn: _Txn, index: ShapeIndex, change: m.Insert, op: int, size: int) -> None:
+        """``_deliver(txn, convert_insert(index, change), op, size)`` without the routed
+        items in between: an insert gives each shape whose predicate it matches one row
+        of the new tuple (``shapes.convert``; the index names a shape at most once). A
+        predicate that cannot be evaluated on the row takes the general way."""
+        new = change.new
+        try:
+            shapes = index.route(new)
+        except ProtocolError:
+            self._deliver(txn, convert(index, change), op, size)
+            return
+        touched = txn.touched
+        routed = 0
+        for shape in shapes:
+            name = shape.definition.name
+            writer = touched.get(name)
+            if writer is None:
+                writer = self._enter(txn, name)
+                if writer is None:
+                    continue
+            writer.append(op, INSERT, shape.project(new), None, size)
+            routed += 1
+        self.stats.rows_routed += routed
+
+    def _enter(self, txn: _Txn, name: str) -> ShapeWriter | None:
+        """The writer of shape ``name`` for the transaction's first row routed to it, or
+        None when it takes no part (a declined shape's rows are not counted)."""
+        if name in txn.declined:
+            return None
+        writer = self._writers.get(name)
+        if writer is None:
+            return None
+        fence = self._fences.get(name)
+        if fence is not None and fence.skips(txn.lsn, txn.xid):
+            txn.declined.add(name)  # its snapshot holds this transaction
+            return None
+        if not writer.begin_txn(txn.lsn, txn.xid, txn.commit_ts):
+            txn.declined.add(name)  # its sink has this transaction already
+            return None
+        txn.touched[name] = writer
+        return writer
 
     def _truncate(self, trunc: m.Truncate) -> None:
         txn = self._txn
@@ -373,19 +421,9 @@ class ShapeLogCollector:
             name, kind, values, unchanged = item
             writer = txn.touched.get(name)
             if writer is None:
-                if name in txn.declined:
-                    continue
-                writer = self._writers.get(name)
+                writer = self._enter(txn, name)
                 if writer is None:
                     continue
-                fence = self._fences.get(name)
-                if fence is not None and fence.skips(txn.lsn, txn.xid):
-                    txn.declined.add(name)  # its snapshot holds this transaction
-                    continue
-                if not writer.begin_txn(txn.lsn, txn.xid, txn.commit_ts):
-                    txn.declined.add(name)  # its sink has this transaction already
-                    continue
-                txn.touched[name] = writer
             # the insert half of a key change (a second row for the same shape) gets op+1
             row_op = op
             if seen is not None:
