@@ -146,13 +146,13 @@ def is_data_file(path: str) -> bool:
     return len(parts) > 3 and parts[0] == "tables" and parts[2] == "data"
 
 
-def data_files_settled(root: Path, since: Listing, quiet_s: float, timeout: float) -> Listing:
+def data_files_settled(root: Path, quiet_s: float, timeout: float) -> Listing:
     """The listing once no file has changed for ``quiet_s``. Meanwhile only data files
     may change: Spark jobs started before the suspension finish writing (no commit
     names their files; the high-availability guide says so); a log entry, state file,
     spool or round input changing fails at once."""
     deadline = time.monotonic() + timeout
-    last, quiet_since = since, time.monotonic()
+    last, quiet_since = listing(root), time.monotonic()
     while time.monotonic() - quiet_since < quiet_s:
         assert time.monotonic() < deadline, f"data files still changing after {timeout:.0f} s"
         time.sleep(0.25)
@@ -457,7 +457,7 @@ def test_a_leader_whose_lease_check_hangs_stops_writing_within_the_deadline(
             time.sleep(0.1)
         suspended_after = time.monotonic() - stopped
         time.sleep(1.5)
-        before = data_files_settled(root, listing(root), quiet_s=5.0, timeout=60)
+        before = data_files_settled(root, quiet_s=5.0, timeout=60)
         time.sleep(4.0)
         changed = changed_paths(before, listing(root))
         assert not changed, f"written while the lease was unconfirmed: {changed}"
