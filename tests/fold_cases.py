@@ -116,3 +116,91 @@ def fold_model(
             values[c] = state.get(k, {}).get(c)
         state[k] = values
     return state
+
+
+# -- a table without a primary key (REPLICA IDENTITY FULL): the whole row is the key ------
+
+KEYLESS_SCHEMA = pa.schema(
+    [
+        ("case", pa.int32()),
+        ("n", pa.int32()),
+        ("s", pa.string()),
+        ("_lsn", pa.int64()),
+        ("_op", pa.int32()),
+        ("_kind", pa.string()),
+        ("_unchanged", pa.list_(pa.string())),
+    ]
+)
+KEYLESS_KEY = ["case", "n", "s"]
+
+_keyless_row = st.tuples(st.integers(0, 3) | st.none(), st.sampled_from(["x", "y"]) | st.none())
+keyless_ops = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["insert", "insert", "delete_one", "delete_some", "update_one", "truncate"]
+        ),
+        _keyless_row,
+        _keyless_row,  # the new row of an update
+        st.integers(1, 4),  # copies inserted or deleted
+    ),
+    max_size=25,
+)
+
+
+def simulate_keyless(
+    case: int,
+    snapshot: list[tuple[int | None, str | None]],
+    script: list[tuple[str, tuple, tuple, int]],
+    txn_size: int,
+):  # type: ignore[no-untyped-def]
+    """A keyless table's changelog as the collector writes it (an update of one copy is
+    the delete of the old row and the insert of the new one; a delete carries the whole
+    row), and its state after each transaction as a multiset: {row: copies}."""
+    from collections import Counter
+
+    state: Counter = Counter()
+    rows = []
+    lsn = 1000
+    for op, row in enumerate(snapshot):
+        state[row] += 1
+        rows.append((case, *row, lsn, op, "snapshot", None))
+    states = [(lsn, +state)]
+    for start in range(0, len(script), txn_size):
+        lsn += 100
+        op = 0
+        for kind, row, new, copies in script[start : start + txn_size]:
+            if kind == "insert":
+                for _ in range(copies):
+                    state[row] += 1
+                    rows.append((case, *row, lsn, op, "insert", None))
+                    op += 1
+            elif kind in ("delete_one", "delete_some") and state[row]:
+                for _ in range(1 if kind == "delete_one" else min(copies, state[row])):
+                    state[row] -= 1
+                    rows.append((case, *row, lsn, op, "delete", None))
+                    op += 1
+            elif kind == "update_one" and state[row] and new != row:
+                state[row] -= 1
+                state[new] += 1
+                rows.append((case, *row, lsn, op, "delete", None))
+                rows.append((case, *new, lsn, op + 1, "insert", None))
+                op += 2
+            elif kind == "truncate":
+                state.clear()
+                rows.append((case, None, None, lsn, op, "truncate", None))
+                op += 1
+        states.append((lsn, +state))
+    return rows, states
+
+
+keyless_cases = st.lists(
+    st.tuples(
+        st.lists(_keyless_row, max_size=6),
+        keyless_ops,
+        st.integers(1, 4),
+        st.integers(0, 30),
+        st.integers(0, 30),
+    ),
+    min_size=1,
+    max_size=8,
+)

@@ -166,8 +166,8 @@ def run_demo(
     for r in results:
         mark = "equal" if r.equal else "DIFFERENT"
         print(
-            f"  {r.shape.ljust(width)}  postgres {len(r.expected):>6} rows   "
-            f"lake {len(r.got):>6} rows   {mark}"
+            f"  {r.shape.ljust(width)}  postgres {r.expected_rows:>6} rows   "
+            f"lake {r.got_rows:>6} rows   {mark}"
         )
         if not r.equal:
             print("    " + r.describe())

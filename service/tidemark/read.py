@@ -267,6 +267,9 @@ def _check_frontiers(root: str | Path, shapes: Sequence[str], as_of: int) -> Non
         )
 
 
+_KEYLESS = " (a table without one: each row as many times as its inserts outnumber its deletes)"
+
+
 @dataclass(frozen=True, slots=True)
 class TableVersions:
     """Which versions of a shape's tables hold its state as of one LSN (``versions_at``)."""
@@ -284,12 +287,12 @@ class TableVersions:
         """The read, in words any engine can follow."""
         start = f"read {self.changelog} at {self.changelog_version} where _lsn <= {self.lsn}"
         if self.current_version is None:
-            return f"{start}, and fold it by the primary key"
+            return f"{start}, and fold it by the primary key{_KEYLESS}"
         return (
             f"read {self.current} at {self.current_version} (the state at LSN "
             f"{self.current_lsn}), then fold onto it the rows of {self.changelog} at "
             f"{self.changelog_version} with {self.current_lsn} < _lsn <= {self.lsn}; or {start} "
-            "and fold it by the primary key"
+            f"and fold it by the primary key{_KEYLESS}"
         )
 
 

@@ -32,7 +32,7 @@ def fold(url: str, root: str, dsn: str, truth: dict[str, str]) -> dict[str, obje
     return {
         "connect": is_connect(spark),
         "shapes": {
-            shape: {"equal": r.equal, "rows": len(r.got), "describe": r.describe()}
+            shape: {"equal": r.equal, "rows": r.got_rows, "describe": r.describe()}
             for shape, r in results.items()
         },
         "current": {

@@ -9,6 +9,14 @@ The fold ("current state as of LSN L") of a changelog:
 * a column listed in a row's ``_unchanged`` (unchanged TOAST, not sent) takes the
   value of the key's previous row.
 
+A shape whose key is every one of its columns (a table without a primary key, under
+REPLICA IDENTITY FULL: the whole row is the key) may hold a row several times, as
+Postgres does; its fold is a multiset: each distinct row as many times as its snapshot
+rows and inserts outnumber its deletes (an update of such a row is a delete and an
+insert; an ``update`` row that kept the whole row changes nothing), every copy with the
+``_lsn`` of the row's last change. Where the key is a real primary key, no key is ever
+there twice, and the two rules give the same state.
+
 ``fold`` folds a changelog frame; ``snapshot_rows`` turns a folded state back into
 changelog rows that fold before any stream row, and ``fold_onto`` applies a tail of
 changelog rows to such a state, folding only the keys the tail touches. Readers
@@ -26,6 +34,7 @@ from tidemark.sink.schema import KIND, LSN, METADATA_NAMES, OP, UNCHANGED
 SNAPSHOT = "snapshot"
 TRUNCATE = "truncate"
 DELETE = "delete"
+UPDATE = "update"
 
 
 def fold(
@@ -57,7 +66,10 @@ def fold(
 
     skip = {*METADATA_NAMES, "__order", *primary_key}
     value_columns = [c for c in frame.columns if c not in skip]
-    keys = [F.col(k) for k in primary_key]
+    keys = [F.col(f"`{k}`") for k in primary_key]
+    ordered = [c for c in frame.columns if c not in METADATA_NAMES and c != "__order"]
+    if not value_columns:
+        return _copies(frame, keys, ordered)
     history = (
         Window.partitionBy(*keys)
         .orderBy("__order")
@@ -84,8 +96,44 @@ def fold(
     )
     out = out.withColumn("__rank", F.row_number().over(latest))
     out = out.where((F.col("__rank") == 1) & (F.col(KIND) != DELETE))
-    ordered = [c for c in frame.columns if c not in METADATA_NAMES and c != "__order"]
     return out.select(*[F.col(f"`{c}`") for c in ordered], F.col(LSN))
+
+
+def _copies(frame: Any, keys: list[Any], ordered: Sequence[str]) -> Any:
+    """The multiset fold of a frame whose key is every column (see the module
+    docstring); grouping sees NULL as NULL, as Postgres's rows do."""
+    from pyspark.sql import functions as F
+
+    step = (
+        F.when(F.col(KIND) == DELETE, F.lit(-1))
+        .when(F.col(KIND) == UPDATE, F.lit(0))
+        .otherwise(F.lit(1))
+    )
+    counted = frame.groupBy(*keys).agg(
+        F.sum(step).cast("int").alias("__n"), F.max("__order").getField("l").alias(LSN)
+    )
+    copies = counted.where(F.col("__n") > 0).withColumn(
+        "__copy", F.explode(F.sequence(F.lit(1), F.col("__n")))
+    )
+    return copies.select(*[F.col(f"`{c}`") for c in ordered], F.col(LSN))
+
+
+def _key_match(left: Any, right: Any, primary_key: Sequence[str]) -> tuple[Any, Any]:
+    """``right`` with its key columns renamed, and the condition that its key equals
+    ``left``'s, NULL matching NULL (a keyless row's columns may be NULL)."""
+    renamed = right.select(*[_column(k).alias(f"__k{i}") for i, k in enumerate(primary_key)])
+    condition = None
+    for i, k in enumerate(primary_key):
+        term = left[f"`{k}`"].eqNullSafe(renamed[f"__k{i}"])
+        condition = term if condition is None else condition & term
+    return renamed, condition
+
+
+def _column(name: str) -> Any:
+    """A column by name, quoted."""
+    from pyspark.sql import functions as F
+
+    return F.col(f"`{name}`")
 
 
 def snapshot_rows(state: Any, like: Any) -> Any:
@@ -112,9 +160,9 @@ def fold_onto(base: Any, tail: Any, primary_key: Sequence[str]) -> Any:
     tail = tail.withColumn(OP, F.col(OP).cast("long"))
     if base is None:
         return fold(tail, key)
-    keys = tail.select(*[F.col(f"`{k}`") for k in key]).distinct()
-    touched = base.join(keys, key, "left_semi")
+    keys, same_key = _key_match(base, tail.select(*[_column(k) for k in key]).distinct(), key)
+    touched = base.join(keys, same_key, "left_semi")
     changed = fold(touched.unionByName(tail, allowMissingColumns=True), key)
     truncates = tail.where(F.col(KIND) == TRUNCATE).select(F.lit(1).alias("__t")).limit(1)
-    kept = base.join(keys, key, "left_anti").join(truncates, how="left_anti")
+    kept = base.join(keys, same_key, "left_anti").join(truncates, how="left_anti")
     return kept.select(*[F.col(f"`{c}`") for c in changed.columns]).unionByName(changed)

@@ -6,6 +6,11 @@ first, ``_lsn``, ``_op``); a ``truncate`` removes every row ordered before it; p
 primary key the last row wins and a ``delete`` removes the key; a column a row lists in
 ``_unchanged`` takes the key's previous value.
 
+A shape whose key is every one of its columns (a table without a primary key, under
+REPLICA IDENTITY FULL: the whole row is the key) folds as a multiset instead, as
+``tidemark.sink.fold`` says: each distinct row as many times as its inserts outnumber
+its deletes.
+
 Pure: Arrow tables in, an Arrow table out. Sorting is Arrow's; only the rows whose
 winning change left columns unchanged (unchanged TOAST) are looked at one by one.
 """
@@ -53,11 +58,11 @@ def fold_arrow(changes: pa.Table, primary_key: Sequence[str], as_of: int | None 
     if n > 1:
         same = np.ones(n - 1, dtype=bool)
         for k in primary_key:
-            col = changes[k].combine_chunks()
-            equal = pc.equal(col.slice(0, n - 1), col.slice(1)).to_numpy(zero_copy_only=False)
-            same &= equal.astype(bool)
+            same &= _same_as_next(changes[k].combine_chunks())
         last_of_key[:-1] = ~same
     winners = np.flatnonzero(last_of_key)
+    if is_row_key(out_columns, primary_key):
+        return _select(_copies(changes, winners), out_columns)
     state = changes.take(pa.array(winners))
     state = _carry_unchanged(changes, state, winners, primary_key)
     state = state.filter(pc.not_equal(state[KIND], pa.scalar(DELETE)))
@@ -86,6 +91,36 @@ def fold_arrow_onto(base: pa.Table | None, tail: pa.Table, primary_key: Sequence
             columns.append(pa.nulls(n, field.type))
     as_rows = pa.Table.from_arrays(columns, schema=tail.schema)
     return fold_arrow(pa.concat_tables([as_rows, tail]), primary_key)
+
+
+def is_row_key(columns: Sequence[str], primary_key: Sequence[str]) -> bool:
+    """Whether the key is every column of the shape: the fold counts copies."""
+    return set(columns) <= set(primary_key)
+
+
+def _same_as_next(col: pa.Array) -> np.ndarray:
+    """For each value but the last, whether the next one is the same value: NULL is the
+    same as NULL and NaN as NaN, as a group of rows sees them (a keyless row's columns
+    may be NULL)."""
+    n = len(col)
+    a, b = col.slice(0, n - 1), col.slice(1)
+    same = pc.fill_null(pc.equal(a, b), False)
+    same = pc.or_(same, pc.and_(pc.is_null(a), pc.is_null(b)))
+    if pa.types.is_floating(col.type):
+        same = pc.or_(same, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+    return same.to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _copies(changes: pa.Table, last_rows: np.ndarray) -> pa.Table:
+    """The multiset fold of rows sorted by key then order (``last_rows``: each key's last
+    row): a snapshot row or an insert adds a copy, a delete removes one (an update of a
+    row keyed by all its columns leaves it as it was: a changed row comes as a delete and
+    an insert). Each copy carries the ``_lsn`` of the row's last change."""
+    kinds = changes[KIND].to_numpy(zero_copy_only=False)
+    step = np.where(kinds == DELETE, -1, np.where(kinds == "update", 0, 1)).astype(np.int64)
+    firsts = np.concatenate(([0], last_rows[:-1] + 1))
+    counts = np.maximum(np.add.reduceat(step, firsts), 0)
+    return changes.take(pa.array(np.repeat(last_rows, counts), pa.int64()))
 
 
 def _ordered_after(changes: pa.Table, point: tuple[int, int, int]) -> pa.Array:
