@@ -81,6 +81,7 @@ def stub_service(shapes: int, metrics: Metrics) -> Any:
         shapes=status,
         shape_state=lambda n: (state[n], None),
         stalled_shapes=lambda: [SimpleNamespace(name=names[0])] if names else [],
+        acknowledgement_holder=lambda: (names[0], 4096) if names else None,
         lag_seconds=lambda frontier: 0.5,
         shapeset=SimpleNamespace(backfill_failures=0),
         store=SimpleNamespace(invalidations_total=0),

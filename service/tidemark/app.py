@@ -655,11 +655,20 @@ class Service:
         client = self.client
         if client is None or client.start_lsn is None:
             return None
-        processed = max(
-            client.start_lsn, self.collector.last_commit_lsn or 0, self.consumer.idle_processed or 0
-        )
+        processed = self._processed()
         held = self._held_lsns()
         return min(processed, min(held) - 1) if held else processed
+
+    def _processed(self) -> int:
+        """How far the consumer has processed the stream: every transaction whose
+        commit LSN is at or below it has been routed to its shapes (where it started,
+        the last commit it handled, a keepalive it reached with no transaction open)."""
+        client = self.client
+        return max(
+            client.start_lsn if client is not None and client.start_lsn is not None else 0,
+            self.collector.last_commit_lsn or 0,
+            self.consumer.idle_processed or 0,
+        )
 
     def _explain_acknowledgeable(self) -> str:
         client = self.client
@@ -677,14 +686,18 @@ class Service:
         )
 
     def _raw_frontier(self, shape: str) -> int | None:
-        """How far ``shape``'s table is complete, whatever its state."""
+        """How far ``shape``'s table is complete, whatever its state: from its own state
+        alone, never another shape's. A shape that owes a flush is complete below the
+        oldest transaction it has not committed; one that owes nothing is complete up
+        to what the stream has processed (and what was acknowledged), even while
+        another shape holds the acknowledgement back."""
         client = self.client
         if client is None or client.feedback is None:
             return None
         flushed = self.tracker.last_flushed_of(shape)
         if flushed is not None:
             return max(0, flushed.tx_offset - 1)
-        return client.feedback.flush_lsn
+        return max(client.feedback.flush_lsn, self._processed())
 
     def shape_state(self, name: str) -> tuple[str, str | None]:
         """The state and error a user sees: the shape's own, or ``error`` while its
@@ -693,6 +706,14 @@ class Service:
         writer = self.scheduler.writers.get(name) if self.scheduler else None
         if writer is not None and writer.failure is not None and status.state != "error":
             failure = writer.failure
+            if failure.refused:
+                return "error", (
+                    f"{failure.error}. Not retried: the same rows would be refused again. "
+                    "Until the shape is resynced, changed or removed, the slot's "
+                    "acknowledgement waits for it (the other shapes go on). Fix the value "
+                    f"in Postgres and resync (tidemark shapes resync {name}), or remove the "
+                    f"shape (tidemark shapes remove {name})"
+                )
             wait = max(0.0, failure.retry_at - time.monotonic())
             return "error", (
                 f"flush failed (attempt {failure.attempts}, retrying in {wait:.0f}s): "
@@ -749,11 +770,34 @@ class Service:
             )
         for stalled in self.stalled_shapes():
             reasons.append(f"shape {stalled.name} has held the flush boundary for over {grace}s")
+        held_by = self.acknowledgement_holder()
+        if held_by is not None:
+            shape, retained = held_by
+            reasons.append(
+                f"the slot's acknowledgement is held by shape {shape} ({retained:,} bytes of "
+                f"WAL received past its frontier and retained for it): fix its error, then "
+                f"tidemark shapes resync {shape}, or tidemark shapes remove {shape}"
+            )
         for name in self.shapes:
             state, error = self.shape_state(name)
             if state == "error":
                 reasons.append(f"shape {name} is in error: {error}")
         return not reasons, reasons
+
+    def acknowledgement_holder(self) -> tuple[str, int] | None:
+        """The shape in error that holds the acknowledgement back (the pending shape
+        with the oldest uncommitted transaction, when it is failing), and how many bytes
+        of received WAL lie past its frontier: what the slot keeps for it alone."""
+        pending = self.tracker.stalled_shapes(time.monotonic(), 0.0)
+        if not pending:
+            return None
+        name = pending[0].name
+        if name not in self.shapes or self.shape_state(name)[0] != "error":
+            return None
+        frontier = self._raw_frontier(name)
+        fb = self.client.feedback if self.client else None
+        received = fb.received if fb else 0
+        return name, max(0, received - (frontier or 0))
 
     def stalled_shapes(self) -> list[Stall]:
         """Shapes owing a flush without progress for ``monitor.stall_grace_s`` (a busy

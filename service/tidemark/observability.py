@@ -313,6 +313,13 @@ class Metrics:
             "Backfills that failed (retried with backoff)",
             registry=r,
         )
+        self.acknowledgement_held = Gauge(
+            "tidemark_acknowledgement_held_bytes",
+            "Bytes of received WAL past the frontier of the shape in error that holds the "
+            "slot's acknowledgement (label held_by: that shape; no series when none does)",
+            ["held_by"],
+            registry=r,
+        )
         self.shape_failing = by_shape(
             Gauge,
             "tidemark_shape_failing",
@@ -463,6 +470,10 @@ def refresh_metrics(service: Any) -> None:
             m.shape_lag_seconds.labels(name).set(service.lag_seconds(frontier))
     stalled = {s.name for s in service.stalled_shapes()}
     m.shapes_stalled.set(len(stalled))
+    holder = service.acknowledgement_holder()
+    m.acknowledgement_held.clear()
+    if holder is not None:
+        m.acknowledgement_held.labels(holder[0]).set(holder[1])
     states: dict[str, int] = dict.fromkeys(("backfilling", "catching_up", "active", "error"), 0)
     running = waiting = done = estimated = 0
     for name, status in service.shapes.items():

@@ -10,13 +10,15 @@ States (``ShapeStatus.state``):
 ``backfilling``
     a backfill is queued or running (``backfill.phase``, ``backfill.reason``).
 ``catching_up``
-    the table holds a snapshot, and the stream has not yet been acknowledged past
-    it: no frontier yet (a frontier below the snapshot would drop its rows).
+    the table holds a snapshot, and the shape's own frontier (its committed rows
+    and the stream processed) has not reached it yet: no frontier yet (a frontier
+    below the snapshot would drop its rows).
 ``active``
     ready: the claim holds and the frontier covers the snapshot.
 ``error``
     the shape cannot be followed now: its backfill failed (retried with capped
-    backoff: the error says when), or its definition no longer validates.
+    backoff: the error says when; a value its lake column cannot hold is not retried
+    until a resync or a changed definition), or its definition no longer validates.
 
 What ends a claim, and how (one rule, ``_request_backfill``): a resync asked for
 (API, CLI) or needed (a schema change the stream cannot describe exactly, a column
@@ -55,7 +57,7 @@ from tidemark.backfill.runner import (
 from tidemark.collector import ShapeLogCollector
 from tidemark.continuity.store import ContinuityStore
 from tidemark.durable import full_disk
-from tidemark.errors import ConfigError, ShapeConflict, ShapeError, TableDamaged
+from tidemark.errors import ConfigError, ShapeConflict, ShapeError, TableDamaged, UnfitValue
 from tidemark.flush.tracker import FlushTracker
 from tidemark.replication.slot import add_tables_to_publication
 from tidemark.shapes.catalog import (
@@ -669,6 +671,15 @@ class ShapeSet:
         if self.statuses.get(name) is not status or generation != status.backfills_wanted:
             return
         status.backfill_attempts += 1
+        if isinstance(exc, UnfitValue):  # the same snapshot would be refused again
+            status.state = "error"
+            status.error = (
+                f"backfill refused a value: {exc}. Not retried until the value is fixed in "
+                f"Postgres and the shape resynced (tidemark shapes resync {name}), or the "
+                "shape is changed or removed"
+            )
+            log.error("backfill.refused", shape=name, error=str(exc))
+            return
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (status.backfill_attempts - 1))
         cause = f"{type(exc).__name__}: {exc}".strip()
         full = full_disk(Path(self.settings.sink.root))

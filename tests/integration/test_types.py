@@ -521,9 +521,14 @@ async def _scenario(dsn: str, root: Path, spark: Any) -> Outcome:
                 }
                 assert not failed, failed
                 await asyncio.sleep(0.1)
-        # (a refused shape's backfill is retried with backoff, so it moves between
-        # "error" and "backfilling" from now on: keep how it stands at this moment)
+        # a refused shape's backfill is not retried: it stays in error, saying so
         refused_seen = {n: (s.state, s.error) for n, s in service.shapes.items() if n in refused}
+        backfills_failed = service.shapeset.backfill_failures
+        await asyncio.sleep(3)  # (a retry with backoff would have run by now)
+        assert service.shapeset.backfill_failures == backfills_failed
+        for name in refused:
+            state, error = service.shapes[name].state, service.shapes[name].error
+            assert state == "error" and error is not None and "Not retried" in error, error
         # the stream: more rows, and the first rows updated to other rows' values
         for family in FAMILIES:
             for sql in family.extra:

@@ -62,5 +62,7 @@ def test_backfills_build_info_and_the_process_are_exported() -> None:
     assert values["tidemark_backfill_rows_done"] == 500
     assert values["tidemark_backfill_rows_estimated"] == 1000
     assert values["tidemark_shapes_stalled"] == 1
+    held = [k for k in values if k.startswith("tidemark_acknowledgement_held_bytes{")]
+    assert len(held) == 1 and values[held[0]] == 4096, held
     assert any(k.startswith("tidemark_build_info{") and 'version="9.9.9"' in k for k in values)
     assert "process_cpu_seconds_total" in values

@@ -78,8 +78,8 @@ def not_ready_reason(
         )
     if state == "catching_up":
         return (
-            "its snapshot is in the table; waiting for the stream to be acknowledged past "
-            "it before it has a frontier"
+            "its snapshot is in the table; waiting for the stream to be processed and "
+            "committed past it before it has a frontier"
         )
     if state == "error":
         return f"failed: {error}"

@@ -2,18 +2,20 @@
 
 A shape's table is written only when the shape has changes, but its *logical*
 frontier moves with the whole stream: a shape is complete up to ``F`` when every
-transaction with commit LSN ``<= F`` that touches the shape is in its table. If the
-FlushTracker holds nothing pending for the shape, ``F`` is the global durable LSN
-``D``; otherwise it is at least ``D`` and at least the end of the last transaction
-the shape fully committed.
+transaction with commit LSN ``<= F`` that touches the shape is in its table. It is
+the shape's own: if the FlushTracker holds nothing pending for the shape, ``F`` is
+how far the stream has been processed (every transaction up to there was routed, and
+the shape committed what it got), at least the global durable LSN ``D``; otherwise
+it is just below the oldest transaction the shape has not committed. Another shape
+that holds ``D`` back (one in error, say) does not hold ``F``.
 
 The frontiers live in ``<root>/_tidemark/frontiers.json`` (an instance with an
 ``[instance] name`` keeps its state, these included, under
 ``<root>/_tidemark/instances/<name>/``), replaced atomically
 (temp file, fsync, rename, fsync of the folder), so a reader needs neither the
 service nor Postgres to ask "is shape X complete as of LSN L?". A frontier never
-claims more than was committed when it was written: it is computed from the
-tracker's notified value, which only follows durable commits.
+claims more than was committed when it was written: a shape leaves the tracker's
+pending set only on its writers' flush notices, which follow durable commits.
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ A commit refused by the sink's fence (``WriterFenced``: another process committe
 into the batch) is not retried: ``run`` raises it and the service stops, to be
 restarted with the table's offsets read again. Any other job that fails (Spark,
 the Delta commit, a value that cannot be converted) is retried in process, the
-same batch again, with capped exponential backoff; the shape reports the failure
+same batch again, with capped exponential backoff (but a value its lake column
+cannot hold, ``UnfitValue``: the same batch would be refused again, so it waits for a
+resync or a changed definition, which drop it); the shape reports the failure
 (``ShapeWriter.failure``: readiness, metrics, API) and takes no new batch
 meanwhile. Nothing of the batch is acknowledged until a retry
 commits it, so a failure that always repeats holds the acknowledgement (and the
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -49,7 +52,7 @@ import structlog
 from tidemark import fencing
 from tidemark.aio import wait_event
 from tidemark.durable import full_disk
-from tidemark.errors import WriterFenced
+from tidemark.errors import UnfitValue, WriterFenced
 from tidemark.sink.files import DataFile
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
 from tidemark.writers.cadence import Cadence, round_share
@@ -459,19 +462,19 @@ class FlushScheduler:
             return
         previous = writer.failure
         attempts = 1 if previous is None else previous.attempts + 1
+        since = time.time() if previous is None else previous.since
+        writer.retry = job
+        self.stats.job_failures += 1
+        if isinstance(error, UnfitValue):  # the same batch would fail the same way
+            writer.failure = JobFailure(str(error), attempts, math.inf, since, refused=True)
+            log.error("flush.refused", shape=writer.shape, error=str(error))
+            return
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
         cause = f"{type(error).__name__}: {error}"
         full = full_disk(writer.table.root)
         if full is not None:
             cause = f"{full} ({cause})"
-        writer.failure = JobFailure(
-            cause,
-            attempts,
-            self._clock() + delay,
-            time.time() if previous is None else previous.since,
-        )
-        writer.retry = job
-        self.stats.job_failures += 1
+        writer.failure = JobFailure(cause, attempts, self._clock() + delay, since)
         log.error(
             "flush.failed",
             shape=writer.shape,

@@ -56,12 +56,15 @@ class TableState:
 
 @dataclass(slots=True)
 class JobFailure:
-    """A flush or staging job of this shape failed; it is retried with backoff."""
+    """A flush or staging job of this shape failed; it is retried with backoff, or, for
+    a value its lake column cannot hold (``refused``), not at all: the same batch would
+    fail the same way. A resync or a changed definition drops the batch."""
 
     error: str
     attempts: int
-    retry_at: float  # monotonic
+    retry_at: float  # monotonic (inf: not retried)
     since: float  # wall clock of the first failure in a row
+    refused: bool = False  # a value the lake column cannot hold (UnfitValue)
 
 
 class ShapeWriter:
