@@ -23,7 +23,7 @@ fragments of at most ``fragment_changes`` changes):
   An insert, most of a stream, skips ``convert``'s per-shape items: each shape it
   routes to gets the projected row directly (``_insert``; property-tested against
   the general way).
-  A shape with a snapshot fence (``tidemark.backfill.fence``) skips the
+  A shape with a snapshot fence (``tidemark.continuity.fence``) skips the
   transactions its snapshot already holds; a shape added while a transaction is
   open skips that one (it committed before the snapshot was taken).
 * ``Commit``: the FlushTracker learns the transaction and the shapes it touched,
@@ -65,7 +65,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.backfill.fence import SnapshotFence
+from tidemark.continuity.fence import SnapshotFence
 from tidemark.errors import ProtocolError
 from tidemark.flush.tracker import CommitFragment, FlushTracker
 from tidemark.lsn import LogOffset, offset_of

@@ -222,7 +222,7 @@ def test_removing_a_shape_unblocks_the_boundary(setup) -> None:  # type: ignore[
 
 
 def test_a_fenced_shape_skips_what_its_snapshot_holds_and_applies_the_rest() -> None:
-    from tidemark.backfill.fence import SnapshotFence
+    from tidemark.continuity.fence import SnapshotFence
 
     tracker = FlushTracker(lambda lsn: None, clock=lambda: 0.0)
     collector = ShapeLogCollector(tracker)

@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemark.backfill.fence import SnapshotFence
 from tidemark.collector import ShapeLogCollector
+from tidemark.continuity.fence import SnapshotFence
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput import messages as m

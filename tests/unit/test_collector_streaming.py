@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tidemark.backfill.fence import SnapshotFence
 from tidemark.collector import ShapeLogCollector
+from tidemark.continuity.fence import SnapshotFence
 from tidemark.errors import ProtocolError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lsn import LogOffset

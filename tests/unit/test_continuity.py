@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.backfill.fence import SnapshotFence
+from tidemark.continuity.fence import SnapshotFence
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.rule import (
     ObservedStream,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidemark.backfill.fence import SnapshotFence
+from tidemark.continuity.fence import SnapshotFence
 
 
 def test_parse_takes_the_low_32_bits_of_xid8() -> None:

@@ -3,8 +3,8 @@ leaves' replica identities, and the snapshot's chunks per partition."""
 
 from __future__ import annotations
 
-from tidemark.backfill.fence import SnapshotFence
 from tidemark.backfill.reader import Snapshot, plan_snapshot_chunks, snapshot_query
+from tidemark.continuity.fence import SnapshotFence
 from tidemark.pgoutput import messages as m
 from tidemark.shapes.model import ShapeDefinition, bind
 from tidemark.shapes.partitions import Member, fingerprint, identity_problem, tree_changes

@@ -55,7 +55,7 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from tidemark.backfill.fence import SnapshotFence
+from tidemark.continuity.fence import SnapshotFence
 from tidemark.lsn import Lsn
 from tidemark.predicates.compiler import predicate_sql
 from tidemark.predicates.identifiers import quote_identifier

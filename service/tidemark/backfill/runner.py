@@ -60,7 +60,6 @@ import structlog
 
 from tidemark import fencing
 from tidemark.backfill import reader
-from tidemark.backfill.fence import SnapshotFence
 from tidemark.backfill.reader import (
     Chunk,
     CopyReader,
@@ -75,6 +74,7 @@ from tidemark.backfill.reader import (
     plan_snapshot_chunks,
     take_snapshot,
 )
+from tidemark.continuity.fence import SnapshotFence
 from tidemark.shapes.model import BoundShape
 from tidemark.shapes.partitions import fingerprint
 from tidemark.sink.files import DataFile

@@ -40,7 +40,7 @@ from typing import Any
 import structlog
 
 from tidemark import fencing
-from tidemark.backfill.fence import SnapshotFence
+from tidemark.continuity.fence import SnapshotFence
 from tidemark.continuity.rule import StreamRecord
 from tidemark.durable import write_atomically
 from tidemark.errors import ConfigError
