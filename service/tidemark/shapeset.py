@@ -59,6 +59,7 @@ from tidemark.continuity.store import ContinuityStore
 from tidemark.durable import full_disk
 from tidemark.errors import ConfigError, ShapeConflict, ShapeError, TableDamaged, UnfitValue
 from tidemark.flush.tracker import FlushTracker
+from tidemark.instance_state import instance_states, state_dir
 from tidemark.replication.slot import add_tables_to_publication
 from tidemark.shapes.catalog import (
     CatalogTable,
@@ -72,7 +73,6 @@ from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
 from tidemark.shapes.partitions import Member, fingerprint, has_rows, read_tree, tree_changes
 from tidemark.shapes.registry import ShapeRegistry
 from tidemark.sink import table_format
-from tidemark.sink.frontiers import instance_states, state_dir
 from tidemark.sink.port import ChangelogTable, TableFormat
 from tidemark.sink.schema import OP, ColumnSpec, column_specs, table_schema
 from tidemark.writers.scheduler import FlushScheduler

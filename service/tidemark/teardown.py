@@ -135,8 +135,8 @@ async def make_plan(settings: Settings, purge: bool) -> Plan:
 
 
 def _plan_purge(settings: Settings, plan: Plan) -> None:
+    from tidemark.instance_state import instance_states, state_dir
     from tidemark.shapes.registry import ShapeRegistry
-    from tidemark.sink.frontiers import instance_states, state_dir
     from tidemark.sink.root import root_format
 
     root = Path(settings.sink.root)

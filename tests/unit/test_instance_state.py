@@ -9,14 +9,8 @@ import pytest
 
 from tidemark.config import Settings
 from tidemark.errors import ConfigError
-from tidemark.sink.frontiers import (
-    Frontiers,
-    ShapeFrontier,
-    instance_states,
-    load_frontiers,
-    state_dir,
-    store_frontiers,
-)
+from tidemark.instance_state import instance_states, state_dir
+from tidemark.sink.frontiers import Frontiers, ShapeFrontier, load_frontiers, store_frontiers
 
 
 def test_the_unnamed_instance_keeps_the_round_one_folder(tmp_path: Path) -> None:

@@ -44,8 +44,8 @@ from tidemark.continuity.fence import SnapshotFence
 from tidemark.continuity.rule import StreamRecord
 from tidemark.durable import write_atomically
 from tidemark.errors import ConfigError
+from tidemark.instance_state import state_dir
 from tidemark.lsn import format_lsn
-from tidemark.sink.frontiers import state_dir
 
 log = structlog.get_logger("tidemark.continuity")
 

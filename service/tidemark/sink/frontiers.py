@@ -29,6 +29,7 @@ from pathlib import Path
 from tidemark import fencing
 from tidemark.durable import write_atomically
 from tidemark.errors import SinkError
+from tidemark.instance_state import instance_states, state_dir
 from tidemark.lsn import format_lsn
 
 FORMAT_VERSION = 1
@@ -82,22 +83,6 @@ class Frontiers:
             for name, v in data.get("shapes", {}).items()
         }
         return cls(int(data["durable_lsn"]), shapes, float(data.get("updated_at", 0)))
-
-
-def state_dir(root: str | Path, instance: str = "") -> Path:
-    """Where an instance keeps its state (registry, claims, stream, frontiers)."""
-    base = Path(root) / "_tidemark"
-    return base / "instances" / instance if instance else base
-
-
-def instance_states(root: str | Path) -> dict[str, Path]:
-    """Every instance's state folder under ``root`` ('' is the unnamed instance)."""
-    base = state_dir(root)
-    found = {"": base}
-    named = base / "instances"
-    if named.is_dir():
-        found |= {p.name: p for p in sorted(named.iterdir()) if p.is_dir()}
-    return found
 
 
 def frontiers_path(root: str | Path, instance: str = "") -> Path:
