@@ -63,21 +63,65 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tidemark.continuity.fence import SnapshotFence
 from tidemark.errors import ProtocolError
 from tidemark.flush.tracker import CommitFragment, FlushTracker
 from tidemark.lsn import LogOffset, offset_of
 from tidemark.pgoutput import messages as m
+from tidemark.pgoutput.messages import Value
 from tidemark.pgoutput.relations import RelationCache
-from tidemark.shapes.catalog import resolve_domains
 from tidemark.shapes.convert import INSERT, convert, convert_truncate
-from tidemark.shapes.model import BoundShape, ShapeResync, rebind
+from tidemark.shapes.model import BoundShape, ShapeResync, rebind, resolve_domains
 from tidemark.shapes.routing import ShapeIndex
-from tidemark.writers.writer import ShapeWriter
 
 TableKey = tuple[str, str]  # (schema, table) as Postgres names them
+
+
+class ShapeWriter(Protocol):
+    """What the collector needs of a shape's writer (``tidemark.writers.writer`` has
+    the service's): a transaction's rows in, in stream order, and streamed (protocol
+    v2) transactions' rows kept per xid until they commit or abort."""
+
+    def begin_txn(self, lsn: int, xid: int, commit_ts: int) -> bool:
+        """Start a transaction; False if the writer has it already (a replay)."""
+        ...
+
+    def append(
+        self,
+        op: int,
+        kind: str,
+        values: tuple[Value, ...],
+        unchanged: list[str] | None,
+        size_hint: int,
+    ) -> None: ...
+
+    def end_txn(self, txn_last_offset: LogOffset) -> None: ...
+
+    def abort_txn(self) -> None: ...
+
+    def stream_wants(self, lsn: int) -> bool: ...
+
+    def stream_append(
+        self,
+        xid: int,
+        op: int,
+        kind: str,
+        values: tuple[Value, ...],
+        unchanged: list[str] | None,
+        size_hint: int,
+    ) -> None: ...
+
+    def stream_drop(self, xid: int, lo: int, hi: int) -> None: ...
+
+    def stream_discard(self, xid: int) -> None: ...
+
+    def stream_commit(
+        self, xid: int, lsn: int, commit_ts: int, txn_last_offset: LogOffset
+    ) -> None: ...
+
+
 RECENT_COMMITS = 1 << 17
 
 

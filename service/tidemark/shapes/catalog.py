@@ -60,7 +60,7 @@ from tidemark.pgoutput.values.pgtype import (
 )
 from tidemark.predicates.identifiers import format_identifier
 from tidemark.predicates.sqltypes import SCALARS, sql_type
-from tidemark.shapes.model import BoundShape, ShapeDefinition, bind
+from tidemark.shapes.model import BoundShape, ShapeDefinition, bind, resolve_domains
 from tidemark.shapes.partitions import Member, identity_problem, read_tree
 
 _DEFAULT_COLLATION: Final = 100
@@ -167,24 +167,6 @@ class CheckedShape:
     shape: BoundShape  # bound to the domain-resolved relation
     relation: Relation  # as pgoutput will describe the table
     as_text: tuple[tuple[str, str], ...]  # (column, type name) reaching the lake as text
-
-
-def resolve_domains(relation: Relation, domain_bases: Mapping[int, tuple[int, int]]) -> Relation:
-    """``relation`` with every domain column typed as the domain's base type."""
-    if not domain_bases or not any(c.type_oid in domain_bases for c in relation.columns):
-        return relation
-    columns = []
-    for c in relation.columns:
-        base = domain_bases.get(c.type_oid)
-        columns.append(c if base is None else RelationColumn(c.name, base[0], base[1], c.is_key))
-    return Relation(
-        relation.oid,
-        relation.namespace,
-        relation.name,
-        relation.replica_identity,
-        tuple(columns),
-        relation.xid,
-    )
 
 
 # --------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ the shape has not read from the catalog, since its lake type depends on it) retu
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, Final, Literal
@@ -465,4 +465,22 @@ def _same_type(now: RelationColumn, before: RelationColumn, types: TypeCatalog) 
     return resolve_domain(now.type_oid, now.type_modifier, types) == (
         before.type_oid,
         before.type_modifier,
+    )
+
+
+def resolve_domains(relation: Relation, domain_bases: Mapping[int, tuple[int, int]]) -> Relation:
+    """``relation`` with every domain column typed as the domain's base type."""
+    if not domain_bases or not any(c.type_oid in domain_bases for c in relation.columns):
+        return relation
+    columns = []
+    for c in relation.columns:
+        base = domain_bases.get(c.type_oid)
+        columns.append(c if base is None else RelationColumn(c.name, base[0], base[1], c.is_key))
+    return Relation(
+        relation.oid,
+        relation.namespace,
+        relation.name,
+        relation.replica_identity,
+        tuple(columns),
+        relation.xid,
     )
