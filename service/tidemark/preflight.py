@@ -18,7 +18,7 @@ from tidemark.config import Settings
 from tidemark.conninfo import redact_text
 from tidemark.errors import TidemarkError
 from tidemark.replication import slot as slots
-from tidemark.shapes.catalog import validate_shape
+from tidemark.replication.catalog import validate_shape
 from tidemark.shapes.model import ShapeDefinition
 
 

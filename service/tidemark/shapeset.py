@@ -60,17 +60,17 @@ from tidemark.durable import full_disk
 from tidemark.errors import ConfigError, ShapeConflict, ShapeError, TableDamaged, UnfitValue
 from tidemark.flush.tracker import FlushTracker
 from tidemark.instance_state import instance_states, state_dir
-from tidemark.replication.slot import add_tables_to_publication
-from tidemark.shapes.catalog import (
-    CatalogTable,
-    CheckedShape,
+from tidemark.replication.catalog import (
     check_partition_publishing,
-    check_shape,
+    has_rows,
     read_table,
+    read_tree,
     validate_shape,
 )
+from tidemark.replication.slot import add_tables_to_publication
+from tidemark.shapes.catalog import CatalogTable, CheckedShape, check_shape
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
-from tidemark.shapes.partitions import Member, fingerprint, has_rows, read_tree, tree_changes
+from tidemark.shapes.partitions import Member, fingerprint, tree_changes
 from tidemark.shapes.registry import ShapeRegistry
 from tidemark.sink import table_format
 from tidemark.sink.port import ChangelogTable, TableFormat

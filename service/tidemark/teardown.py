@@ -29,7 +29,8 @@ from psycopg import sql
 
 from tidemark.errors import TidemarkError
 from tidemark.lease import APPLICATION_NAME
-from tidemark.replication.slot import CREATED_BY, check_name
+from tidemark.replication.catalog import check_name
+from tidemark.replication.slot import CREATED_BY
 
 if TYPE_CHECKING:
     from tidemark.config import Settings

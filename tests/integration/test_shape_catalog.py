@@ -14,7 +14,8 @@ import pytest
 from tidemark.errors import ShapeError
 from tidemark.pgoutput import messages as m
 from tidemark.pgoutput.decoder import PgOutputDecoder
-from tidemark.shapes.catalog import CheckedShape, validate_shape
+from tidemark.replication.catalog import validate_shape
+from tidemark.shapes.catalog import CheckedShape
 from tidemark.shapes.model import ShapeDefinition
 
 from .conftest import PgDatabase

@@ -16,9 +16,8 @@ from tidemark.shapes.catalog import (
     Collation,
     check_shape,
     missing_table_error,
-    resolve_domains,
 )
-from tidemark.shapes.model import ShapeDefinition
+from tidemark.shapes.model import ShapeDefinition, resolve_domains
 
 LIBC_UTF8 = Collation("default", "c", "en_US.UTF-8", True)
 LIBC_C = Collation("default", "c", "C", True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tidemark.errors import ConfigError, ReplicationError, SlotLostError
-from tidemark.replication.slot import SlotState, check_name, check_slot_usable
+from tidemark.replication.catalog import check_name
+from tidemark.replication.slot import SlotState, check_slot_usable
 
 
 def state(**kw: object) -> SlotState:

@@ -59,10 +59,10 @@ from tidemark.continuity.fence import SnapshotFence
 from tidemark.lsn import Lsn
 from tidemark.predicates.compiler import predicate_sql
 from tidemark.predicates.identifiers import quote_identifier
-from tidemark.replication.client import session_options
+from tidemark.replication.catalog import read_tree, session_options
 from tidemark.replication.slot import SOURCE_WAL_LSN
 from tidemark.shapes.model import BoundShape
-from tidemark.shapes.partitions import Member, leaves, read_tree
+from tidemark.shapes.partitions import Member, leaves
 
 PAGES_PER_CHUNK = 2048  # 16 MiB of heap per chunk at the default 8 KiB block size
 

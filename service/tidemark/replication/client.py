@@ -49,6 +49,7 @@ from tidemark.errors import ReplicationError, SlotLostError, TidemarkError
 from tidemark.lsn import format_lsn
 from tidemark.pgoutput.framing import pg_now_us, standby_status_update
 from tidemark.replication import slot as slots
+from tidemark.replication.catalog import check_name, session_options
 from tidemark.replication.feedback import Feedback, StatusUpdate, keepalive_interval
 from tidemark.replication.observe import observed_stream, timeline_history
 from tidemark.replication.source_errors import (
@@ -59,11 +60,6 @@ from tidemark.replication.source_errors import (
 
 log = structlog.get_logger("tidemark.replication")
 
-# Session settings that fix the text format of values the walsender sends.
-SESSION_OPTIONS = (
-    "-c datestyle=ISO -c intervalstyle=postgres -c timezone=UTC "
-    "-c extra_float_digits=3 -c bytea_output=hex"
-)
 _XLOG_HEADER = struct.Struct("!QQQ")  # wal_start, wal_end, send_time
 _KEEPALIVE = struct.Struct("!QQB")  # wal_end, send_time, reply_requested
 
@@ -140,14 +136,6 @@ class StreamGuard(Protocol):
         """Called, and awaited, before a status update carrying ``flush_lsn``."""
 
 
-def session_options(dsn: str) -> str:
-    """Our session settings appended to any ``options`` the DSN already carries."""
-    from psycopg.conninfo import conninfo_to_dict
-
-    given = str(conninfo_to_dict(dsn).get("options") or "").strip()
-    return f"{given} {SESSION_OPTIONS}".strip()
-
-
 def proto_for(server_major: int) -> int:
     return 4 if server_major >= 16 else 3
 
@@ -164,9 +152,9 @@ class ReplicationClient:
         wall_clock: Callable[[], float] = time.time,
         guard: StreamGuard | None = None,
     ) -> None:
-        slots.check_name("slot", config.slot)
+        check_name("slot", config.slot)
         self.guard = guard
-        slots.check_name("publication", config.publication)
+        check_name("publication", config.publication)
         self.config = config
         self.queue: asyncio.Queue[StreamItem] = queue or asyncio.Queue(config.queue_batches)
         self._queued_bytes = 0

@@ -12,7 +12,6 @@ them safe to splice into replication commands that take no parameters.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -21,7 +20,8 @@ import psycopg
 import structlog
 from psycopg import sql
 
-from tidemark.errors import ConfigError, ReplicationError, SlotLostError
+from tidemark.errors import ReplicationError, SlotLostError
+from tidemark.replication.catalog import check_name
 
 log = structlog.get_logger("tidemark.replication")
 
@@ -32,17 +32,7 @@ SOURCE_WAL_LSN: Final = (
     "(case when pg_is_in_recovery() then pg_last_wal_replay_lsn() else pg_current_wal_lsn() end)"
 )
 
-_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 MIN_SERVER_MAJOR = 15
-
-
-def check_name(kind: str, name: str) -> str:
-    if not _NAME.match(name):
-        raise ConfigError(
-            f"invalid {kind} name {name!r}: use 1-63 lower-case letters, digits and '_', "
-            "not starting with a digit"
-        )
-    return name
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,11 @@
 """Shapes against the live catalog: the table as Postgres has it, checked before binding.
 
-``validate_shape(conn, definition)`` reads the shape's table from the source
-database (one normal connection, a handful of catalog queries) and returns a
-``CheckedShape``: the ``BoundShape`` and the ``Relation`` exactly as pgoutput will
-describe the table. ``read_table`` is the IO half, ``check_shape`` the pure half
-(unit-tested without Postgres). Every problem is a ``ShapeError`` that names the
-offending part and says what to do:
+``tidemark.replication.catalog.validate_shape(conn, definition)`` reads the shape's
+table from the source database (one normal connection, a handful of catalog queries)
+and returns a ``CheckedShape``: the ``BoundShape`` and the ``Relation`` exactly as
+pgoutput will describe the table. ``read_table`` there is the IO half; this module is
+the pure half, ``check_shape`` (unit-tested without Postgres). Every problem is a
+``ShapeError`` that names the offending part and says what to do:
 
 * the table must exist (close matches are suggested: ``public.orderz`` ->
   ``public.orders``; a case mismatch suggests the quoted name), be an ordinary table
@@ -29,9 +29,10 @@ is read as its base type (``resolve_domains``): the predicate sees integers for 
 domain over integer, and writers get the base type's column. The collector must
 resolve every Relation from the stream with the same ``domain_bases`` so that
 ``rebind`` sees the same types. User-defined types (enums, composites, ranges,
-domains, arrays of them, and what they are made of) are described by ``read_types``
-(``CatalogTable.types``); the bound shape keeps that description, so its writers
-give enums, composites and ranges their lake types (``pgoutput.values.pgtype``).
+domains, arrays of them, and what they are made of) are described by
+``tidemark.replication.catalog.read_types`` (``CatalogTable.types``); the bound shape
+keeps that description, so its writers give enums, composites and ranges their lake
+types (``pgoutput.values.pgtype``).
 A predicate may read only the types listed in ``tidemark.predicates.compiler`` (after
 domain resolution); enums, ranges, composite types, json, intervals and the like are
 refused there with the type's name. Projected columns of a type without a mapping
@@ -45,25 +46,20 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
-
-import psycopg
+from typing import Final
 
 from tidemark.errors import ShapeError
 from tidemark.pgoutput.messages import Relation, RelationColumn, ReplicaIdentity
 from tidemark.pgoutput.values.oids import NUMERIC
 from tidemark.pgoutput.values.pgtype import (
-    FIRST_CATALOG_OID,
-    CatalogType,
     TypeCatalog,
     describe,
 )
 from tidemark.predicates.identifiers import format_identifier
 from tidemark.predicates.sqltypes import SCALARS, sql_type
 from tidemark.shapes.model import BoundShape, ShapeDefinition, bind, resolve_domains
-from tidemark.shapes.partitions import Member, identity_problem, read_tree
+from tidemark.shapes.partitions import Member, identity_problem
 
-_DEFAULT_COLLATION: Final = 100
 _KIND_NAMES: Final = {
     "v": "a view",
     "m": "a materialized view",
@@ -326,237 +322,3 @@ def missing_table_error(definition: ShapeDefinition, existing: Iterable[tuple[st
             by_name.setdefault(n, []).append(q)
         close = [q for n in _close(name, by_name) for q in sorted(by_name[n])]
     return f"shape {definition.name!r}: table {definition.table} does not exist{_suggest(close)}"
-
-
-# --------------------------------------------------------------------------------------
-# reading the catalog
-
-_TABLE: Final = """
-select c.oid, c.relkind, c.relreplident, has_table_privilege(c.oid, 'SELECT'),
-       c.relpersistence
-from pg_class c join pg_namespace n on n.oid = c.relnamespace
-where n.nspname = %s and c.relname = %s
-"""
-_CANDIDATES: Final = """
-select n.nspname, c.relname
-from pg_class c join pg_namespace n on n.oid = c.relnamespace
-where c.relkind in ('r', 'p', 'v', 'm', 'f')
-  and n.nspname not in ('pg_catalog', 'information_schema') and n.nspname !~ '^pg_toast'
-"""
-_COLUMNS: Final = """
-select a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod), t.typtype,
-       a.attgenerated <> '', a.attcollation, co.collname, co.collprovider,
-       coalesce(to_jsonb(co) ->> 'colllocale', to_jsonb(co) ->> 'colliculocale', co.collctype),
-       co.collisdeterministic
-from pg_attribute a
-join pg_type t on t.oid = a.atttypid
-left join pg_collation co on co.oid = a.attcollation
-where a.attrelid = %s and a.attnum > 0 and not a.attisdropped
-order by a.attnum
-"""
-_INDEX_COLUMNS: Final = """
-select a.attname
-from pg_index i
-cross join lateral unnest(i.indkey) with ordinality as k(attnum, position)
-join pg_attribute a on a.attrelid = i.indrelid and a.attnum = k.attnum
-where i.indrelid = %s and i.{flag}
-order by k.position
-"""
-_DOMAIN_CHAIN: Final = """
-with recursive chain(oid, typtype, typbasetype, typtypmod, depth) as (
-    select oid, typtype, typbasetype, typtypmod, 0 from pg_type where oid = %s
-    union all
-    select t.oid, t.typtype, t.typbasetype, t.typtypmod, c.depth + 1
-    from chain c join pg_type t on t.oid = c.typbasetype
-    where c.typtype = 'd'
-)
-select oid, typtype, typtypmod from chain order by depth
-"""
-# User-defined types of the given oids and, transitively, the types they are made of:
-# array elements, domain bases, range subtypes, a multirange's range, composite
-# attributes. Types with fixed oids (below FirstGenbkiObjectId) need no description.
-_TYPES: Final = """
-with recursive closure(oid) as (
-    select unnest(%s::oid[])
-  union
-    select made_of.oid
-    from closure c
-    join pg_type t on t.oid = c.oid
-    cross join lateral (
-        select t.typelem where t.typcategory = 'A' and t.typelem <> 0
-        union all select t.typbasetype where t.typtype = 'd'
-        union all select r.rngsubtype from pg_range r where r.rngtypid = t.oid
-        union all select r.rngtypid from pg_range r where r.rngmultitypid = t.oid
-        union all
-        select a.atttypid from pg_attribute a
-        where t.typtype = 'c' and a.attrelid = t.typrelid and a.attnum > 0
-          and not a.attisdropped
-    ) made_of(oid)
-    where c.oid >= %s
-)
-select t.oid, format_type(t.oid, null), t.typtype, t.typcategory, t.typelem, t.typbasetype,
-       t.typtypmod,
-       (select r.rngsubtype from pg_range r where r.rngtypid = t.oid),
-       (select r.rngtypid from pg_range r where r.rngmultitypid = t.oid),
-       (select coalesce(json_agg(json_build_array(a.attname, a.atttypid, a.atttypmod)
-                                 order by a.attnum), '[]'::json)
-        from pg_attribute a
-        where t.typtype = 'c' and a.attrelid = t.typrelid and a.attnum > 0
-          and not a.attisdropped)
-from pg_type t
-where t.oid in (select oid from closure) and t.oid >= %s
-"""
-_DATABASE: Final = """
-select pg_encoding_to_char(d.encoding), d.datlocprovider,
-       case when d.datlocprovider = 'c' then d.datctype
-            else coalesce(to_jsonb(d) ->> 'datlocale', to_jsonb(d) ->> 'daticulocale') end
-from pg_database d where d.datname = current_database()
-"""
-
-Conn = psycopg.AsyncConnection[Any]
-
-
-async def _rows(conn: Conn, query: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
-    cursor = await conn.execute(query, params)
-    return list(await cursor.fetchall())
-
-
-async def read_table(conn: Conn, definition: ShapeDefinition) -> CatalogTable:
-    """The catalog's facts about ``definition``'s table (ShapeError if it is missing)."""
-    found = await _rows(conn, _TABLE, (definition.schema_name, definition.table_name))
-    if not found:
-        existing = await _rows(conn, _CANDIDATES)
-        raise ShapeError(missing_table_error(definition, [(s, n) for s, n in existing]))
-    oid, kind, identity, can_select, persistence = found[0]
-    encoding, provider, locale = (await _rows(conn, _DATABASE))[0]
-    database_collation = Collation("default", provider, locale or "", True)
-    columns = []
-    domains: dict[int, tuple[int, int]] = {}
-    for row in await _rows(conn, _COLUMNS, (oid,)):
-        name, type_oid, typmod, type_name, type_kind, generated = row[:6]
-        collation_oid, collation_name, collation_provider, ctype, deterministic = row[6:]
-        collation = None
-        if collation_oid and collation_oid != _DEFAULT_COLLATION and collation_name is not None:
-            collation = Collation(collation_name, collation_provider, ctype or "", deterministic)
-        if type_kind == "d" and type_oid not in domains:
-            domains[type_oid] = await _domain_base(conn, type_oid)
-        columns.append(
-            CatalogColumn(name, type_oid, typmod, type_name, type_kind, generated, collation)
-        )
-    types = await read_types(conn, [c.type_oid for c in columns])
-    primary_key = [
-        r[0] for r in await _rows(conn, _INDEX_COLUMNS.format(flag="indisprimary"), (oid,))
-    ]
-    identity_index: list[str] = []
-    if identity == "i":
-        query = _INDEX_COLUMNS.format(flag="indisreplident")
-        identity_index = [r[0] for r in await _rows(conn, query, (oid,))]
-    partitions = tuple(await read_tree(conn, oid)) if kind == "p" else ()
-    return CatalogTable(
-        oid=oid,
-        partitions=partitions,
-        schema=definition.schema_name,
-        name=definition.table_name,
-        kind=kind,
-        replica_identity=identity,
-        columns=tuple(columns),
-        primary_key=tuple(primary_key),
-        identity_index=tuple(identity_index),
-        can_select=can_select,
-        domain_bases=domains,
-        encoding=encoding,
-        database_collation=database_collation,
-        persistence=persistence,
-        types=types,
-    )
-
-
-async def read_types(conn: Conn, type_oids: Iterable[int]) -> dict[int, CatalogType]:
-    """The catalog's description of the user-defined types among ``type_oids`` and of
-    every type they are made of (``pgoutput.values.pgtype``)."""
-    wanted = sorted({t for t in type_oids if t >= FIRST_CATALOG_OID})
-    if not wanted:
-        return {}
-    types: dict[int, CatalogType] = {}
-    rows = await _rows(conn, _TYPES, (wanted, FIRST_CATALOG_OID, FIRST_CATALOG_OID))
-    for oid, name, typtype, category, element, base, typmod, subtype, range_oid, fields in rows:
-        if typtype == "d":
-            types[oid] = CatalogType(oid, name, "d", base, typmod)
-        elif typtype == "r":
-            types[oid] = CatalogType(oid, name, "r", subtype)
-        elif typtype == "m":
-            types[oid] = CatalogType(oid, name, "m", range_oid)
-        elif typtype == "c":
-            attributes = tuple((str(n), int(t), int(m)) for n, t, m in fields)
-            types[oid] = CatalogType(oid, name, "c", fields=attributes)
-        elif category == "A" and element:
-            types[oid] = CatalogType(oid, name, "a", element)
-        else:  # an enum ('e'), or a base or pseudo type without a mapping
-            types[oid] = CatalogType(oid, name, typtype)
-    return types
-
-
-async def _domain_base(conn: Conn, domain_oid: int) -> tuple[int, int]:
-    """(base type oid, typmod) under a chain of domains; the outermost typmod wins."""
-    chain = await _rows(conn, _DOMAIN_CHAIN, (domain_oid,))
-    typmod = next((m for _, kind, m in chain if kind == "d" and m >= 0), -1)
-    return chain[-1][0], typmod
-
-
-async def validate_shape(conn: Conn, definition: ShapeDefinition) -> CheckedShape:
-    """Read ``definition``'s table from the catalog and check and bind the shape."""
-    return check_shape(definition, await read_table(conn, definition))
-
-
-async def check_partition_publishing(
-    conn: Conn,
-    catalog: CatalogTable,
-    shaped: Mapping[int, str],
-    publication: str,
-    *,
-    publish_all_tables: bool,
-) -> None:
-    """A partitioned table's changes are published as its root's: a shape on one of
-    its partitions receives nothing while the root is published that way. Refuse the
-    shape that would be left without changes (ShapeError, saying what to do).
-    ``shaped``: the relations other shapes follow (oid -> shape name)."""
-    table = catalog.qualified_name
-    if catalog.kind == "p":
-        clash = sorted(shaped[m.oid] for m in catalog.partitions if m.oid in shaped)
-        if clash:
-            raise ShapeError(
-                f"shape(s) {', '.join(clash)} follow partitions of {table}, whose changes "
-                f"are published as {table}'s once a shape follows it: they would receive "
-                f"nothing. Define them on {table} with a 'where' on the partition key, or "
-                "remove them first"
-            )
-        return
-    ancestors = [
-        int(r[0])
-        for r in await _rows(
-            conn,
-            "select relid::bigint from pg_partition_ancestors(%s) where relid <> %s",
-            (catalog.oid, catalog.oid),
-        )
-    ]
-    if not ancestors:
-        return
-    rows = await _rows(
-        conn,
-        "select p.puballtables, p.pubviaroot, exists (select 1 from pg_publication_rel r"
-        " where r.prpubid = p.oid and r.prrelid = any(%s)) from pg_publication p"
-        " where p.pubname = %s",
-        (ancestors, publication),
-    )
-    if not rows:  # tidemark creates it: FOR ALL TABLES publishes via the root
-        via_root = publish_all_tables or any(a in shaped for a in ancestors)
-    else:
-        row = rows[0]
-        via_root = bool(row[1]) and (bool(row[0]) or bool(row[2]))
-    if via_root:
-        raise ShapeError(
-            f"{table} is a partition, and publication '{publication}' publishes its "
-            "changes as its partitioned root's (publish_via_partition_root, with the root "
-            "published): a shape on the partition would receive nothing. Define the "
-            "shape on the root with a 'where' on the partition key"
-        )

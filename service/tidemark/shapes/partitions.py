@@ -28,26 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
-
-import psycopg
+from typing import Any
 
 from tidemark.predicates.identifiers import format_identifier
-
-_TREE: Final = """
-with recursive tree(relid, parent, link) as (
-    select i.inhrelid, i.inhparent, i.xmin::text from pg_inherits i where i.inhparent = %s
-  union all
-    select i.inhrelid, i.inhparent, i.xmin::text
-    from pg_inherits i join tree t on i.inhparent = t.relid
-)
-select t.relid::bigint, n.nspname, c.relname, c.relkind, c.relfilenode::bigint,
-       t.parent::bigint, t.link, c.relreplident,
-       (pg_relation_size(c.oid) / current_setting('block_size')::int)::bigint,
-       greatest(c.reltuples, 0)::bigint, has_table_privilege(c.oid, 'SELECT')
-from tree t join pg_class c on c.oid = t.relid join pg_namespace n on n.oid = c.relnamespace
-order by n.nspname, c.relname
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,26 +56,6 @@ class Member:
     @property
     def is_leaf(self) -> bool:
         return self.kind != "p"
-
-
-async def read_tree(conn: psycopg.AsyncConnection[Any], root_oid: int) -> list[Member]:
-    """Every member below ``root_oid``, as the transaction on ``conn`` sees the catalog."""
-    cursor = await conn.execute(_TREE, (root_oid,))
-    return [
-        Member(
-            int(r[0]),
-            str(r[1]),
-            str(r[2]),
-            str(r[3]),
-            int(r[4]),
-            int(r[5]),
-            str(r[6]),
-            str(r[7]),
-            int(r[8]),
-            int(r[9]),
-        )
-        for r in await cursor.fetchall()
-    ]
 
 
 def leaves(members: Sequence[Member]) -> list[Member]:
@@ -130,16 +93,6 @@ def tree_changes(before: Mapping[str, Sequence[Any]], now: Sequence[Member]) -> 
             )
     added = [m for m in now if str(m.oid) not in before and m.is_leaf]
     return TreeChanges(reasons, added)
-
-
-async def has_rows(conn: psycopg.AsyncConnection[Any], member: Member) -> bool:
-    from psycopg import sql
-
-    query = sql.SQL("select exists (select 1 from only {}.{})").format(
-        sql.Identifier(member.schema), sql.Identifier(member.name)
-    )
-    row = await (await conn.execute(query)).fetchone()
-    return bool(row and row[0])
 
 
 def identity_problem(root_name: str, needs_full: bool, members: Sequence[Member]) -> str | None:
