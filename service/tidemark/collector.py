@@ -61,7 +61,7 @@ Pure: no IO, no clock, no logging; the service reacts to what it returns.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -342,10 +342,6 @@ class ShapeLogCollector:
                 f"{kind.__name__} arrived, but tidemark does not request two-phase "
                 "transactions: check the slot (created with two_phase?) and the options"
             )
-
-    def handle_all(self, messages: Iterable[m.Message]) -> None:
-        for msg in messages:
-            self.handle(msg)
 
     def _relation(self, rel: m.Relation) -> None:
         self.stats.relations += 1

@@ -318,8 +318,3 @@ class ContinuityStore:
     def _stream_pending(self) -> bool:
         with self._lock:
             return self._stream_version != self._stream_written
-
-    def write_pending(self) -> None:
-        """Blocking: write whatever is pending (shutdown, or before a start decision)."""
-        self.write_claims()
-        self.write_stream()

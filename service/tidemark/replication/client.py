@@ -172,7 +172,6 @@ class ReplicationClient:
         self._stopping = False
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
-        self._flush_cb: list[Callable[[StatusUpdate], None]] = []
         self._dropping: str | None = None  # end the current stream: why (drop_stream)
         self._reading: asyncio.Future[None] | None = None  # the read loop's wait
         self._closing: set[asyncio.Future[None]] = set()
@@ -190,9 +189,6 @@ class ReplicationClient:
         if self.feedback is not None:
             self.feedback.note_idle(wal_end)
             self._wake.set()
-
-    def on_status_sent(self, callback: Callable[[StatusUpdate], None]) -> None:
-        self._flush_cb.append(callback)
 
     def drop_stream(self, reason: str) -> None:
         """End the current stream now and connect again later, as after a connection
@@ -590,8 +586,6 @@ class ReplicationClient:
         history.append((wall, update))
         if len(history) > 256:
             del history[:128]
-        for cb in self._flush_cb:
-            cb(update)
 
     async def _flush_out(self) -> None:
         conn = self._conn
