@@ -47,7 +47,12 @@ from tidemark.conninfo import redact_dsn, redact_text
 from tidemark.continuity.rule import ObservedStream
 from tidemark.errors import ReplicationError, SlotLostError, TidemarkError
 from tidemark.lsn import format_lsn
-from tidemark.pgoutput.framing import pg_now_us, standby_status_update
+from tidemark.pgoutput.framing import (
+    PrimaryKeepalive,
+    parse_copy_data,
+    pg_now_us,
+    standby_status_update,
+)
 from tidemark.replication import slot as slots
 from tidemark.replication.catalog import check_name, session_options
 from tidemark.replication.feedback import Feedback, StatusUpdate, keepalive_interval
@@ -61,7 +66,6 @@ from tidemark.replication.source_errors import (
 log = structlog.get_logger("tidemark.replication")
 
 _XLOG_HEADER = struct.Struct("!QQQ")  # wal_start, wal_end, send_time
-_KEEPALIVE = struct.Struct("!QQB")  # wal_end, send_time, reply_requested
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,7 +489,6 @@ class ReplicationClient:
         stats = self.stats
         queue = self.queue
         unpack_x = _XLOG_HEADER.unpack_from
-        unpack_k = _KEEPALIVE.unpack_from
         while not self._stopping:
             try:
                 pgconn.consume_input()
@@ -498,13 +501,14 @@ class ReplicationClient:
             while True:
                 nbytes, data = pgconn.get_copy_data(1)
                 if nbytes > 0:
-                    kind = data[0]
-                    if kind == 0x77:  # 'w' XLogData
+                    if data[0] == 0x77 and nbytes >= 25:  # 'w' XLogData, whole header
                         append(bytes(data[25:]))
                         header = data
                         received += nbytes
-                    elif kind == 0x6B:  # 'k' primary keepalive
-                        wal_end, _ts, reply = unpack_k(data, 1)
+                    else:  # a keepalive, or a frame framing.py refuses (ProtocolError)
+                        frame = parse_copy_data(data)
+                        assert isinstance(frame, PrimaryKeepalive)  # (an XLogData is whole)
+                        wal_end, reply = frame.wal_end, frame.reply_requested
                         stats.keepalives += 1
                         if payloads:
                             last = unpack_x(header, 1)[0]
