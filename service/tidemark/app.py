@@ -75,6 +75,7 @@ from tidemark.replication.client import (
 from tidemark.replication.monitor import ReplicationMonitor, Violation
 from tidemark.replication.observe import observe_stream
 from tidemark.shapes.model import ShapeDefinition
+from tidemark.shapes.state import ShapeState
 from tidemark.shapeset import ShapeSet, ShapeStatus
 from tidemark.sink import table_format
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
@@ -704,10 +705,10 @@ class Service:
         flushes fail (retried)."""
         status = self.shapes[name]
         writer = self.scheduler.writers.get(name) if self.scheduler else None
-        if writer is not None and writer.failure is not None and status.state != "error":
+        if writer is not None and writer.failure is not None and status.state != ShapeState.ERROR:
             failure = writer.failure
             if failure.refused:
-                return "error", (
+                return ShapeState.ERROR, (
                     f"{failure.error}. Not retried: the same rows would be refused again. "
                     "Until the shape is resynced, changed or removed, the slot's "
                     "acknowledgement waits for it (the other shapes go on). Fix the value "
@@ -715,7 +716,7 @@ class Service:
                     f"shape (tidemark shapes remove {name})"
                 )
             wait = max(0.0, failure.retry_at - time.monotonic())
-            return "error", (
+            return ShapeState.ERROR, (
                 f"flush failed (attempt {failure.attempts}, retrying in {wait:.0f}s): "
                 f"{failure.error}"
             )
@@ -726,7 +727,7 @@ class Service:
         table); None while it is not ready (backfilling, catching up to its snapshot,
         or not following the stream). Once ready it is never below its snapshot."""
         status = self.shapes.get(shape)
-        if status is None or status.state != "active":
+        if status is None or status.state != ShapeState.ACTIVE:
             return None
         return self._raw_frontier(shape)
 
@@ -780,7 +781,7 @@ class Service:
             )
         for name in self.shapes:
             state, error = self.shape_state(name)
-            if state == "error":
+            if state == ShapeState.ERROR:
                 reasons.append(f"shape {name} is in error: {error}")
         return not reasons, reasons
 
@@ -792,7 +793,7 @@ class Service:
         if not pending:
             return None
         name = pending[0].name
-        if name not in self.shapes or self.shape_state(name)[0] != "error":
+        if name not in self.shapes or self.shape_state(name)[0] != ShapeState.ERROR:
             return None
         frontier = self._raw_frontier(name)
         fb = self.client.feedback if self.client else None

@@ -35,6 +35,7 @@ from prometheus_client import (
 
 from tidemark import version as package_version
 from tidemark.conninfo import redact_dsn
+from tidemark.shapes.state import STATES, ShapeState
 
 # one ``_created`` series per counter and label set doubles the counters' series for
 # nothing a dashboard or alert uses
@@ -474,15 +475,15 @@ def refresh_metrics(service: Any) -> None:
     m.acknowledgement_held.clear()
     if holder is not None:
         m.acknowledgement_held.labels(holder[0]).set(holder[1])
-    states: dict[str, int] = dict.fromkeys(("backfilling", "catching_up", "active", "error"), 0)
+    states: dict[str, int] = dict.fromkeys(map(str, STATES), 0)
     running = waiting = done = estimated = 0
     for name, status in service.shapes.items():
         state, _ = service.shape_state(name)
         states[state] = states.get(state, 0) + 1
         if m.per_shape:
             m.shape_stalled.labels(name).set(1 if name in stalled else 0)
-            m.shape_failing.labels(name).set(1 if state == "error" else 0)
-        if state != "backfilling":
+            m.shape_failing.labels(name).set(1 if state == ShapeState.ERROR else 0)
+        if state != ShapeState.BACKFILLING:
             continue
         backfill = status.backfill
         if backfill is None or (backfill.chunks == 0 and backfill.rows_done == 0):

@@ -72,6 +72,7 @@ from tidemark.shapes.catalog import CatalogTable, CheckedShape, check_shape
 from tidemark.shapes.model import BoundShape, ShapeDefinition, ShapeResync
 from tidemark.shapes.partitions import Member, fingerprint, tree_changes
 from tidemark.shapes.registry import ShapeRegistry
+from tidemark.shapes.state import ShapeState, move
 from tidemark.sink import table_format
 from tidemark.sink.port import ChangelogTable, TableFormat
 from tidemark.sink.schema import OP, ColumnSpec, column_specs, table_schema
@@ -90,11 +91,15 @@ BACKFILLS_AT_ONCE = 4  # backfills that run at the same time (new shapes start f
 TABLES_AT_ONCE = 4  # shape tables created at the same time when the service starts
 
 
+def _move(status: ShapeStatus, to: ShapeState) -> ShapeState:
+    return move(status.name, status.state, to)
+
+
 @dataclass
 class ShapeStatus:
     definition: ShapeDefinition
     origin: str
-    state: str = "backfilling"  # backfilling | catching_up | active | error
+    state: ShapeState = ShapeState.BACKFILLING  # the moves: tidemark.shapes.state
     error: str | None = None
     as_text: tuple[tuple[str, str], ...] = ()
     bound: BoundShape | None = None
@@ -226,7 +231,7 @@ class ShapeSet:
                     text = f"shape '{definition.name}': {text}"
                 raise ShapeError(text) from exc
             self.statuses[definition.name] = ShapeStatus(
-                definition, origin, state="error", error=str(exc)
+                definition, origin, state=ShapeState.ERROR, error=str(exc)
             )
             log.error("shape.invalid", shape=definition.name, error=str(exc))
 
@@ -327,7 +332,7 @@ class ShapeSet:
             except Exception as again:
                 exc = TableDamaged(f"shape '{name}': its table cannot be made again: {again}")
         self.statuses[name] = ShapeStatus(
-            prepared.definition, origin, state="error", error=str(exc)
+            prepared.definition, origin, state=ShapeState.ERROR, error=str(exc)
         )
         log.error("table.damaged", shape=name, error=str(exc))
         return None
@@ -360,7 +365,7 @@ class ShapeSet:
         return status
 
     def _queue_backfill(self, status: ShapeStatus, reason: str) -> None:
-        status.state, status.error = "backfilling", None
+        status.state, status.error = _move(status, ShapeState.BACKFILLING), None
         status.backfill = BackfillProgress(time.time(), reason=reason)
         status.backfills_wanted += 1
         status.backfill_attempts = 0
@@ -369,7 +374,7 @@ class ShapeSet:
         log.info("shape.backfill_queued", shape=status.name, reason=reason)
 
     def _catch_up(self, status: ShapeStatus) -> None:
-        status.state, status.error = "catching_up", None
+        status.state, status.error = _move(status, ShapeState.CATCHING_UP), None
         if status.backfill is not None:
             status.backfill.phase = "catching_up"
         self._catching_up.add(status.name)
@@ -379,7 +384,7 @@ class ShapeSet:
         """Activate the shapes whose frontier now covers their snapshot."""
         for name in list(self._catching_up):
             status = self.statuses.get(name)
-            if status is None or status.state != "catching_up":
+            if status is None or status.state != ShapeState.CATCHING_UP:
                 self._catching_up.discard(name)
                 continue
             frontier = self._frontier(name)
@@ -387,7 +392,7 @@ class ShapeSet:
                 continue
             if frontier >= status.snapshot_lsn - 1:
                 self._catching_up.discard(name)
-                status.state = "active"
+                status.state = _move(status, ShapeState.ACTIVE)
                 self._on_change()
                 log.info("shape.active", shape=name)
 
@@ -672,7 +677,7 @@ class ShapeSet:
             return
         status.backfill_attempts += 1
         if isinstance(exc, UnfitValue):  # the same snapshot would be refused again
-            status.state = "error"
+            status.state = _move(status, ShapeState.ERROR)
             status.error = (
                 f"backfill refused a value: {exc}. Not retried until the value is fixed in "
                 f"Postgres and the shape resynced (tidemark shapes resync {name}), or the "
@@ -685,7 +690,7 @@ class ShapeSet:
         full = full_disk(Path(self.settings.sink.root))
         if full is not None:
             cause = f"{full} ({cause})"
-        status.state = "error"
+        status.state = _move(status, ShapeState.ERROR)
         status.error = (
             f"backfill failed (attempt {status.backfill_attempts}, retrying in {delay:.0f}s): "
             f"{cause}"
@@ -701,8 +706,8 @@ class ShapeSet:
 
         def retry() -> None:
             self._retries.pop(name, None)
-            if self.statuses.get(name) is status and status.state == "error":
-                status.state = "backfilling"
+            if self.statuses.get(name) is status and status.state == ShapeState.ERROR:
+                status.state = _move(status, ShapeState.BACKFILLING)
                 self._queue.put_nowait(name)
 
         self._retries[name] = asyncio.get_running_loop().call_later(delay, retry)

@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tidemark.lsn import format_lsn
+from tidemark.shapes.state import STATES, ShapeState
 
 if TYPE_CHECKING:
     from tidemark.api.port import ServiceView
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 
 # what ``state`` can be (``ShapeStatus.state``, or ``error`` while flushes fail)
-SHAPE_STATES = ("backfilling", "catching_up", "active", "error")
+SHAPE_STATES = tuple(str(s) for s in STATES)
 
 
 def lsn_json(value: int | None) -> dict[str, Any] | None:
@@ -66,7 +67,7 @@ def not_ready_reason(
     grace_s: float,
 ) -> str | None:
     """Why the shape is not ready, or what holds it back; None when all is well."""
-    if state == "backfilling":
+    if state == ShapeState.BACKFILLING:
         why = f" ({backfill['reason']})" if backfill and backfill.get("reason") else ""
         if not backfill or (backfill["chunks"] == 0 and backfill["rows_done"] == 0):
             return f"waiting for its backfill{why} (a few shapes at a time, once the stream runs)"
@@ -76,12 +77,12 @@ def not_ready_reason(
             f"backfilling: {done:,}{of} rows copied from its snapshot so far "
             f"({backfill['elapsed_s']:.0f}s)"
         )
-    if state == "catching_up":
+    if state == ShapeState.CATCHING_UP:
         return (
             "its snapshot is in the table; waiting for the stream to be processed and "
             "committed past it before it has a frontier"
         )
-    if state == "error":
+    if state == ShapeState.ERROR:
         return f"failed: {error}"
     if phase != "streaming":
         return f"the service is not streaming (phase {phase})"
@@ -114,7 +115,7 @@ def shape_json(
     state, error = service.shape_state(name)
     backfill = (
         status.backfill.as_json()
-        if status.state in ("backfilling", "catching_up", "error") and status.backfill is not None
+        if status.state != ShapeState.ACTIVE and status.backfill is not None
         else None
     )
     return {
@@ -126,7 +127,7 @@ def shape_json(
         "origin": status.origin,
         "state": state,
         "error": error,
-        "ready": state == "active",
+        "ready": state == ShapeState.ACTIVE,
         "reason": not_ready_reason(
             phase=service.phase,
             state=state,
