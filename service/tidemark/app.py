@@ -61,6 +61,7 @@ from tidemark.consumer import StreamConsumer
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ReplicationError, TidemarkError
+from tidemark.flush import progress as rules
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lease import LeaderLease
 from tidemark.lsn import format_lsn
@@ -656,19 +657,17 @@ class Service:
         client = self.client
         if client is None or client.start_lsn is None:
             return None
-        processed = self._processed()
-        held = self._held_lsns()
-        return min(processed, min(held) - 1) if held else processed
+        return rules.acknowledgeable(self._processed(), self._held_lsns())
 
     def _processed(self) -> int:
         """How far the consumer has processed the stream: every transaction whose
         commit LSN is at or below it has been routed to its shapes (where it started,
         the last commit it handled, a keepalive it reached with no transaction open)."""
         client = self.client
-        return max(
+        return rules.processed(
             client.start_lsn if client is not None and client.start_lsn is not None else 0,
-            self.collector.last_commit_lsn or 0,
-            self.consumer.idle_processed or 0,
+            self.collector.last_commit_lsn,
+            self.consumer.idle_processed,
         )
 
     def _explain_acknowledgeable(self) -> str:
@@ -696,9 +695,8 @@ class Service:
         if client is None or client.feedback is None:
             return None
         flushed = self.tracker.last_flushed_of(shape)
-        if flushed is not None:
-            return max(0, flushed.tx_offset - 1)
-        return max(client.feedback.flush_lsn, self._processed())
+        owed_from = None if flushed is None else flushed.tx_offset
+        return rules.frontier(owed_from, client.feedback.flush_lsn, self._processed())
 
     def shape_state(self, name: str) -> tuple[str, str | None]:
         """The state and error a user sees: the shape's own, or ``error`` while its
