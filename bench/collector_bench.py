@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 import pgoutput_bytes as pg
 
 from tidemark.allocators import tune_collector
-from tidemark.collector import ShapeLogCollector
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput import messages as m
 from tidemark.pgoutput.decoder import PgOutputDecoder
 from tidemark.shapes.model import ShapeDefinition, bind
 from tidemark.sink.schema import ColumnSpec
+from tidemark.stream.collector import ShapeLogCollector
 from tidemark.writers.writer import ShapeWriter
 
 INT8, INT4, TEXT = 20, 23, 25

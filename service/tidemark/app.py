@@ -57,7 +57,6 @@ from tidemark.allocators import return_freed_memory, tune_collector
 from tidemark.api.port import Progress
 from tidemark.api.server import serve
 from tidemark.config import Settings, load_settings
-from tidemark.consumer import StreamConsumer
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ReplicationError, TidemarkError
@@ -83,6 +82,7 @@ from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
 from tidemark.sink.root import claim_root
 from tidemark.spark import in_background
 from tidemark.stalls import Stall, StallWatch
+from tidemark.stream.consumer import StreamConsumer
 from tidemark.upkeep import CurrentKeeper
 from tidemark.writers.job import CommitResult, needs_warm_up, warm_up
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
@@ -235,7 +235,7 @@ class Service:
         self.shapeset.promote()
         self.consumer.acknowledged(lsn)
 
-    # -- the consumer (tidemark.consumer) ------------------------------------------------
+    # -- the consumer (tidemark.stream.consumer) ------------------------------------------------
 
     def _started(self, started: StreamStarted) -> None:
         """The client (re)started the stream: the service streams."""

@@ -54,7 +54,6 @@ from tidemark.backfill.runner import (
     CatalogMoved,
     run_backfill,
 )
-from tidemark.collector import ShapeLogCollector
 from tidemark.continuity.store import ContinuityStore
 from tidemark.durable import full_disk
 from tidemark.errors import ConfigError, ShapeConflict, ShapeError, TableDamaged, UnfitValue
@@ -76,6 +75,7 @@ from tidemark.shapes.state import ShapeState, move
 from tidemark.sink import table_format
 from tidemark.sink.port import ChangelogTable, TableFormat
 from tidemark.sink.schema import OP, ColumnSpec, column_specs, table_schema
+from tidemark.stream.collector import ShapeLogCollector
 from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter, TableState
 

@@ -10,13 +10,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemark.collector import ShapeLogCollector
 from tidemark.continuity.fence import SnapshotFence
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput import messages as m
 from tidemark.shapes.convert import convert
 from tidemark.shapes.model import ShapeDefinition, bind
+from tidemark.stream.collector import ShapeLogCollector
 
 INT4, TEXT, DATE = 23, 25, 1082
 ITEMS = m.Relation(

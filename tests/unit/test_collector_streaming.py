@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tidemark.collector import ShapeLogCollector
 from tidemark.continuity.fence import SnapshotFence
 from tidemark.errors import ProtocolError
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lsn import LogOffset
 from tidemark.pgoutput import messages as m
 from tidemark.shapes.model import ShapeDefinition, bind
+from tidemark.stream.collector import ShapeLogCollector
 
 INT4, TEXT = 23, 25
 ORDERS = m.Relation(

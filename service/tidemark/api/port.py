@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from tidemark.collector import ShapeLogCollector
     from tidemark.config import Settings
     from tidemark.continuity.store import ContinuityStore
     from tidemark.observability import Metrics
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
     from tidemark.shapeset import ShapeStatus
     from tidemark.sink.port import TableFormat
     from tidemark.stalls import Stall
+    from tidemark.stream.collector import ShapeLogCollector
     from tidemark.upkeep import CurrentKeeper
     from tidemark.writers.scheduler import FlushScheduler
 

@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from tidemark.collector import ShapeLogCollector
 from tidemark.errors import ProtocolError
 from tidemark.observability import Metrics
 from tidemark.pgoutput.decoder import PgOutputDecoder
 from tidemark.replication.client import KeepaliveMark, ReplicationClient, StreamStarted, WalBatch
+from tidemark.stream.collector import ShapeLogCollector
 from tidemark.writers.scheduler import FlushScheduler
 
 FRAGMENT_CHANGES: Final = 10_000  # backpressure check at least this often inside a batch
