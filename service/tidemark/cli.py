@@ -149,8 +149,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     prepare_process()  # before pyarrow loads
     from tidemark.app import Service
     from tidemark.observability import configure_logging
+    from tidemark.preflight import static_problems
 
     settings = _settings(args, require_dsn=True)
+    # what `config check` finds without the source, before Spark starts (exit 2)
+    problems = static_problems(settings)
+    if problems:
+        raise ConfigError("; ".join(problems) + " (tidemark config check lists every check)")
     configure_logging(settings.log_format, settings.log_level)
     asyncio.run(Service(settings, config_path=args.config).run())
     return 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from pydantic import ValidationError
 
 from tidemark.config import Settings
 from tidemark.conninfo import redact_text
@@ -43,6 +44,10 @@ async def run_checks(settings: Settings) -> list[Check]:
     out.append(_per_change_path())
     out.append(_spark(settings))
     out.append(_sink(settings.sink.root))
+    shapes = shape_problems(settings)
+    out.append(
+        Check("shapes as written", not shapes, "; ".join(shapes) or f"{len(settings.shapes)} ok")
+    )
     src = settings.source
     try:
         conn = await psycopg.AsyncConnection.connect(src.dsn, autocommit=True, connect_timeout=10)
@@ -234,16 +239,59 @@ def _java() -> Check:
     return Check("java", major >= 17, f"Java {major}" + ("" if major >= 17 else ": need 17+"))
 
 
-def _sink(root: str) -> Check:
+def sink_root_problem(root: str) -> str | None:
+    """Why ``[sink] root`` cannot hold the lake (None: it can): made if missing, and a
+    file written and removed in it. The message names the setting and the fix."""
     if "://" in root:
-        return Check("sink", True, f"{root} (remote: not checked)")
+        return None
     path = Path(root)
+    fix = (
+        "set [sink] root (or TIDEMARK_SINK__ROOT) to a folder this user may create and "
+        "write, e.g. /var/lib/tidemark/lake"
+    )
+    if path.exists() and not path.is_dir():
+        return f"[sink] root = {root!r} is a file, not a folder: {fix}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".tidemark-check-"):
             pass
     except OSError as exc:
-        return Check("sink", False, f"cannot write under {path.resolve()}: {exc.strerror}")
+        return f"[sink] root = {root!r} cannot be used ({exc.strerror or exc}): {fix}"
+    return None
+
+
+def shape_problems(settings: Settings) -> list[str]:
+    """What is wrong with the declared shapes without asking the source: names, tables,
+    columns and ``where`` as written, and names declared twice."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, shape in enumerate(settings.shapes, start=1):
+        label = f"[[shapes]] #{i} ({shape.name!r})"
+        try:
+            ShapeDefinition(**shape.model_dump())  # (its `where` is parsed here too)
+        except (ValidationError, TidemarkError) as exc:
+            out.append(f"{label}: {exc}")
+            continue
+        if shape.name in seen:
+            out.append(f"{label}: the name is declared twice; shape names must be unique")
+        seen.add(shape.name)
+    return out
+
+
+def static_problems(settings: Settings) -> list[str]:
+    """What ``tidemark run`` refuses before it starts Spark or connects anywhere."""
+    problems = shape_problems(settings)
+    sink = sink_root_problem(settings.sink.root)
+    return problems + ([sink] if sink is not None else [])
+
+
+def _sink(root: str) -> Check:
+    if "://" in root:
+        return Check("sink", True, f"{root} (remote: not checked)")
+    problem = sink_root_problem(root)
+    if problem is not None:
+        return Check("sink", False, problem)
+    path = Path(root)
     free = os.statvfs(path)
     gib = free.f_bavail * free.f_frsize / 2**30
     return Check("sink", True, f"{path.resolve()} writable, {gib:.1f} GiB free")
