@@ -878,3 +878,17 @@ def test_raw_byte_equality_agrees_with_parsed_equality(a: int, b: int) -> None:
     # integer columns compare their text bytes: the same answer as comparing values
     assert outcome(compiled(f"id = {b}"), row(id=str(a))) is (a == b)
     assert outcome(compiled(f"id <> {b}"), row(id=str(a))) is (a != b)
+
+
+def test_a_syntax_error_says_where_in_plain_text() -> None:
+    from tidemark.errors import ShapeError
+    from tidemark.predicates.parse import parse_predicate
+
+    with pytest.raises(ShapeError) as caught:
+        parse_predicate("region = 'eu' and and total > 5")
+    message = str(caught.value)
+    assert "at line 1, column 19 ('and'): an operand is missing here" in message
+    assert message.endswith("\n  region = 'eu' and and total > 5\n                    ^^^")
+    assert "\x1b" not in message and "<class" not in message and "sqlglot" not in message
+    with pytest.raises(ShapeError, match="unterminated quoted string"):
+        parse_predicate("x = 'abc")

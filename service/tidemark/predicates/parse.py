@@ -25,6 +25,7 @@ literals, comments are dropped), never afterwards.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -237,6 +238,41 @@ def unsupported(node: exp.Expression) -> ShapeError:
     return ShapeError(f"{sql} ({name}) is not supported in a shape predicate")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CLASS = re.compile(r"<class '[^']*'>")
+_MISSING = re.compile(r"^Required keyword: '[^']*' missing for .*$")
+
+
+def syntax_error(text: str, error: ParseError | TokenError) -> str:
+    """A predicate's syntax error in the user's terms: where in their text (line,
+    column, the word there, a caret under it) and what is wrong, in plain text (no
+    terminal escapes, no parser class names)."""
+    head = f"the shape predicate {_excerpt(text)!r} is not valid SQL"
+    if isinstance(error, TokenError):
+        return (
+            f"{head}: it has an unterminated quoted string or identifier, or a character "
+            "SQL does not allow"
+        )
+    found = error.errors[0] if error.errors else {}
+    what = _ANSI.sub("", str(found.get("description") or error))
+    if _MISSING.match(what):
+        what = "an operand is missing here"
+    elif what == "Invalid expression / Unexpected token":
+        what = "unexpected here"
+    elif what == "Expecting )":
+        what = "a closing parenthesis is missing"
+    what = _CLASS.sub("an expression", what)
+    line, col = found.get("line"), found.get("col")
+    near = _ANSI.sub("", str(found.get("highlight") or "")).strip()
+    lines = text.splitlines() or [text]
+    if not isinstance(line, int) or not isinstance(col, int) or not 1 <= line <= len(lines):
+        return f"{head}: {what}"
+    source = lines[line - 1]
+    start = max(0, col - len(near)) if near else max(0, col - 1)
+    at = f"line {line}, column {start + 1}" + (f" ({near!r})" if near else "")
+    return f"{head} at {at}: {what}\n  {source}\n  {' ' * start}{'^' * max(1, len(near))}"
+
+
 def parse_predicate(text: str, table: tuple[str, str] | None = None) -> ParsedPredicate:
     """Parse and validate the form of ``text``; ``table`` = (schema, name) it filters.
 
@@ -249,7 +285,7 @@ def parse_predicate(text: str, table: tuple[str, str] | None = None) -> ParsedPr
         _check_size(text)
         parsed = sqlglot.parse(text, read="postgres")
     except (ParseError, TokenError) as e:
-        raise ShapeError(f"the shape predicate {_excerpt(text)!r} is not valid SQL: {e}") from e
+        raise ShapeError(syntax_error(text, e)) from e
     except RecursionError:  # nesting without parentheses (NOT NOT ..., - - ...)
         raise too_deep() from None
     statements = [s for s in parsed if s is not None]
