@@ -170,10 +170,15 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     results = asyncio.run(run_checks(settings))
     width = max(len(r.name) for r in results)
     for r in results:
-        mark = ("warn" if r.warning else "ok  ") if r.ok else "FAIL"
+        mark = ("skip" if r.skipped else "warn" if r.warning else "ok  ") if r.ok else "FAIL"
         print(f"{mark} {r.name.ljust(width)}  {r.detail}")
     failed = [r for r in results if not r.ok]
-    print(f"\n{len(results) - len(failed)} checks passed, {len(failed)} failed")
+    skipped = [r for r in results if r.skipped]
+    passed = len(results) - len(failed) - len(skipped)
+    print(
+        f"\n{passed} checks passed, {len(failed)} failed"
+        + (f", {len(skipped)} not checked" if skipped else "")
+    )
     return 4 if failed else 0
 
 

@@ -29,6 +29,7 @@ class Check:
     ok: bool
     detail: str
     warning: bool = False  # ok, but something the operator should know (printed "warn")
+    skipped: bool = False  # not made: what it needs failed first (printed "skip")
 
 
 def _per_change_path() -> Check:
@@ -52,7 +53,18 @@ async def run_checks(settings: Settings) -> list[Check]:
     try:
         conn = await psycopg.AsyncConnection.connect(src.dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as exc:
-        out.append(Check("source connection", False, redact_text(str(exc), src.dsn).strip()))
+        reason = redact_text(str(exc), src.dsn).strip()
+        out.append(
+            Check(
+                "source connection",
+                False,
+                f"{reason}\n\tCheck [source] dsn (TIDEMARK_SOURCE__DSN) and that PostgreSQL runs "
+                "and accepts this login",
+            )
+        )
+        later = ["server", "replication role", "slot", "publication"]
+        later += [f"shape {s.name}" for s in settings.shapes]
+        out += [Check(n, True, "not checked: no source connection", skipped=True) for n in later]
         return out
     try:
         out.append(

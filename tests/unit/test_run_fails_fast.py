@@ -63,3 +63,25 @@ def test_a_where_that_does_not_parse_and_a_name_declared_twice_are_static() -> N
     assert len(problems) == 2, problems
     assert problems[0].startswith("[[shapes]] #1 ('a'): ")
     assert "[[shapes]] #3 ('b'): the name is declared twice" in problems[1]
+
+
+def test_config_check_says_which_checks_an_unreachable_source_left_out(tmp_path: Path) -> None:
+    config = tmp_path / "tidemark.toml"
+    config.write_text(
+        '[source]\ndsn = "postgresql://nobody@127.0.0.1:1/nowhere"\n'
+        f'[sink]\nroot = "{tmp_path / "lake"}"\n'
+        '[[shapes]]\nname = "orders"\ntable = "public.orders"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "tidemark", "config", "check", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 4, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("FAIL source connection") for line in lines)
+    assert "TIDEMARK_SOURCE__DSN" in done.stdout
+    for name in ("server", "replication role", "slot", "publication", "shape orders"):
+        assert any(line.startswith(f"skip {name}") for line in lines), (name, lines)
+    assert lines[-1].endswith("1 failed, 5 not checked"), lines[-1]
