@@ -103,6 +103,15 @@ def _where(loc: tuple[Any, ...]) -> str:
     return f"[{loc[0]}]"
 
 
+def _path(loc: tuple[Any, ...]) -> str:
+    """A setting's name (``sink.root``); a shape's as the file numbers it, from 1, as
+    every other message does (``[[shapes]] #1 name``, not ``shapes.0.name``)."""
+    if loc and loc[0] == "shapes" and len(loc) > 1 and isinstance(loc[1], int):
+        rest = " ".join(str(p) for p in loc[2:] if not isinstance(p, int))
+        return f"[[shapes]] #{loc[1] + 1}" + (f" {rest}" if rest else "")
+    return ".".join(str(p) for p in loc) or "settings"
+
+
 def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     inner = _model(model.model_fields[str(loc[0])].annotation)
     return list(inner.model_fields) if inner is not None else []
@@ -131,8 +140,7 @@ def explain_validation(
             continue
         ctx = err.get("ctx") or {}
         message = str(ctx["error"]) if "error" in ctx else err["msg"]
-        where = ".".join(str(p) for p in loc)
-        lines.append(f"  {where}: {message} ({origin})")
+        lines.append(f"  {_path(loc)}: {message} ({origin})")
     return "\n".join(lines)
 
 

@@ -361,3 +361,12 @@ def test_spark_that_cannot_start_is_explained_not_a_traceback(tmp_path: Path) ->
     message = err[err.index("tidemark: ") :]
     assert done.returncode == 1 and message.startswith("tidemark: Spark failed"), err[-2000:]
     assert "TIDEMARK_SPARK__CONF" in message and "Traceback" not in message
+
+
+def test_a_shape_is_numbered_from_one_as_the_file_has_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = config(tmp_path, '[[shapes]]\nname = "a"\ntable = "t"\n[[shapes]]\ntable = "t"\n')
+    code, err = run(capsys, "--config", path, "status")
+    assert code == 2 and "[[shapes]] #2 name: Field required" in err, err
+    assert "shapes.1" not in err
