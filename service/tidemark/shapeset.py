@@ -695,6 +695,12 @@ class ShapeSet:
             f"backfill failed (attempt {status.backfill_attempts}, retrying in {delay:.0f}s): "
             f"{cause}"
         )
+        if isinstance(exc, ShapeError):  # the definition no longer fits the table
+            status.error += (
+                ". The shape's definition no longer fits its table: restore what it needs "
+                f"(then tidemark shapes resync {name} tries at once), or remove the shape "
+                f"(tidemark shapes remove {name}) and add it again as the table is now"
+            )
         log.error(
             "backfill.failed",
             shape=name,

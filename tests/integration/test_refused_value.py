@@ -117,3 +117,28 @@ async def test_a_refused_value_holds_the_acknowledgement_but_no_other_shape(
         for shape, query in TRUTH.items():
             result = compare_shape(spark, str(tmp_path), shape, query, pg_db.dsn)
             assert result.equal, result.describe()
+
+
+@one_server()
+async def test_a_shape_whose_column_was_dropped_says_what_to_do(
+    pg_db: PgDatabase,
+    spark,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    await pg_db.aexecute(
+        "create table t (id int primary key, a int, b int); insert into t values (1, 1, 1)"
+    )
+    shapes = [{"name": "with_a", "table": "public.t", "columns": ["a"]}]
+    settings = settings_for(pg_db.dsn, str(tmp_path), shapes)
+    async with running_service(settings, spark) as service:
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        # (a dropped listed column alone reads as NULL; a resync checks the table again)
+        await pg_db.aexecute("alter table t drop column a; insert into t values (2, 2)")
+        await service.resync_shape("with_a")
+        async with asyncio.timeout(60):
+            while service.shape_state("with_a")[0] != "error":
+                await asyncio.sleep(0.05)
+        error = service.shape_state("with_a")[1] or ""
+        assert "a" in error and "no longer fits its table" in error, error
+        assert "tidemark shapes resync with_a" in error, error
+        assert "tidemark shapes remove with_a" in error, error
