@@ -89,7 +89,7 @@ test-integration: setup
 	$(PYTEST) tests/integration -q -p no:cacheprovider
 
 test: setup
-	$(PYTEST) tests -q -p no:cacheprovider --durations=15
+	$(PYTEST) tests -q -p no:cacheprovider -rs --durations=25
 
 # docker-compose.yml run for real, under podman (no Docker engine or image registry on our
 # machines): deploy/podman/setup.sh installs podman (Debian packages) and builds the
