@@ -24,7 +24,8 @@ tidemark sent: an acknowledgement bug shows up as a violation.
 
 Stop (SIGTERM/SIGINT or ``request_stop``): the consumer stops taking data,
 everything committed-in-source that is buffered is flushed, a final status update
-goes out, the connection closes; all within ``shutdown_grace_s``. A crash of any
+goes out, the connection closes; then the current tables with rows not yet folded
+are folded; all within ``shutdown_grace_s``. A crash of any
 task is logged with its context and ends ``run()`` with the error (the process
 exits non-zero, the supervisor restarts it); nothing is acknowledged that was not
 committed.
@@ -559,6 +560,9 @@ class Service:
             if task.get_name() in ("consumer", "backfill", "current"):
                 task.cancel()
         await self.shapeset.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_grace_s
+        flushed = False
         try:
             async with asyncio.timeout(self.settings.shutdown_grace_s):
                 assert self.scheduler is not None and self.client is not None
@@ -567,9 +571,13 @@ class Service:
                 # say): what is buffered then is not acknowledged, and is sent again
                 if await self._flush_unless_unconfirmed(self.scheduler.flush_all()):
                     self._write_frontiers()
+                    flushed = True
                 await self.client.stop()
         except TimeoutError:
             log.error("service.shutdown_timeout", grace_s=self.settings.shutdown_grace_s)
+            flushed = False
+        if flushed:
+            await self._fold_on_stop(deadline - loop.time())
         # a commit still waiting for the lease in a worker thread gives up now: the
         # process would wait for that thread before it exits
         fencing.current().stop_waiting()
@@ -578,6 +586,25 @@ class Service:
         self.phase = "stopped"
         fb = self.client.feedback if self.client else None
         log.info("service.stopped", flushed_lsn=format_lsn(fb.flush_lsn) if fb else None)
+
+    async def _fold_on_stop(self, seconds: float) -> None:
+        """A clean stop folds the current tables that have committed rows not yet folded
+        (everything buffered was just committed), so a plain reader of
+        ``current/<shape>`` gets the shape's state as of its last commit, not of the last
+        timed refresh. Within what is left of the grace; a refresh already running ends
+        first. A failure is logged: the tables stay readable as of their last refresh."""
+        keeper = self.keeper
+        if keeper is None or seconds <= 0 or not self.settings.current.fold_on_stop:
+            return
+        waiting = [n for n in keeper.shapes_waiting() if n in self.shapes]
+        if not waiting:
+            return
+        log.info("current.fold_on_stop", shapes=len(waiting), seconds=round(seconds, 1))
+        try:
+            async with asyncio.timeout(seconds):
+                await keeper.refresh(*waiting)
+        except TimeoutError:
+            log.warning("current.fold_on_stop_timeout", shapes=len(waiting))
 
     # -- configuration reload (SIGHUP; the decision is tidemark.reload's) -------------------
 

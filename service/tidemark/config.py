@@ -267,6 +267,11 @@ class CurrentSettings(_Section):
         description="a table (with the rows waiting) at most this big is one file, "
         "refreshed together with other such shapes in one Spark job (0: never)",
     )
+    fold_on_stop: bool = Field(
+        default=True,
+        description="a clean stop folds the rows not yet folded, so a plain reader of "
+        "the current table gets the state as of the shape's last commit",
+    )
 
 
 class SparkSettings(_Section):

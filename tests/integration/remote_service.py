@@ -46,6 +46,7 @@ def service_env(
             "TIDEMARK_MONITOR__PERIOD_S": "0.5",
             "TIDEMARK_SHAPES": json.dumps(shapes),
             "TIDEMARK_LOG_FORMAT": "json",
+            "TIDEMARK_CURRENT__FOLD_ON_STOP": "false",  # (the demo test's)
         }
     )
     for key, value in spark.items():

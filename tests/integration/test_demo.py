@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,3 +77,21 @@ def test_the_demo_streams_and_compares_and_ends_when_its_shapes_are_removed(
         assert "every shape equals Postgres." in out
         for shape in demo.SHAPES:
             assert f"{shape['name']}" in out and "DIFFERENT" not in out
+        # the stop folded every current table: a plain reader of current/<shape> (no
+        # tidemark code) gets what tidemark read gets, which the demo compared with
+        # Postgres above
+        import polars as pl
+        from deltalake import DeltaTable
+
+        from tidemark import read
+
+        root = tmp_path / "demo"
+        for shape in demo.SHAPES:
+            name = shape["name"]
+            expected = Counter(
+                tuple(r.values()) for r in read.arrow_current(root, name).drop(["_lsn"]).to_pylist()
+            )
+            plain = DeltaTable(str(root / "current" / name)).to_pyarrow_table().drop(["_lsn"])
+            assert Counter(tuple(r.values()) for r in plain.to_pylist()) == expected, name
+            frame = pl.read_delta(str(root / "current" / name)).drop("_lsn")
+            assert Counter(frame.iter_rows()) == expected, name
