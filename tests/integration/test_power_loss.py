@@ -376,7 +376,9 @@ def test_power_loss_loses_no_acknowledged_transaction(
         assert result.equal, result.describe()
         rows = table_rows(root, "tables", name, fmt, ["_lsn", "_op"])  # (opens)
         counts = Counter((r["_lsn"], r["_op"]) for r in rows)
-        assert max(counts.values()) == 1, f"{name}: a (_lsn, _op) appears twice"
+        # (retention at 0 h may have dropped every row a current table folded: then
+        # there is nothing to appear twice, and compare_shape read the current table)
+        assert max(counts.values(), default=1) == 1, f"{name}: a (_lsn, _op) appears twice"
         table_rows(root, "current", name, fmt, ["id"])  # opens
     from tidemark import read
 
