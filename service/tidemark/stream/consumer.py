@@ -23,18 +23,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from tidemark.errors import ProtocolError
 from tidemark.observability import Metrics
 from tidemark.pgoutput.decoder import PgOutputDecoder
 from tidemark.replication.client import KeepaliveMark, ReplicationClient, StreamStarted, WalBatch
 from tidemark.stream.collector import ShapeLogCollector
-from tidemark.writers.scheduler import FlushScheduler
 
 FRAGMENT_CHANGES: Final = 10_000  # backpressure check at least this often inside a batch
 FRAGMENT_BYTES: Final = 4 * 1024 * 1024  # ... and at least every this many bytes received
 ARRIVALS_KEPT: Final = 100_000
+
+
+class Writers(Protocol):
+    """What the consumer needs of the writers (``tidemark.writers.scheduler`` has the
+    service's): a poke when rows arrived, and a wait while they hold too much memory
+    (the backpressure that stops the client reading the socket)."""
+
+    def poke(self) -> None: ...
+
+    async def wait_for_room(self) -> None: ...
 
 
 class StreamConsumer:
@@ -54,9 +63,7 @@ class StreamConsumer:
         self.arrivals: list[tuple[int, float]] = []  # (commit lsn, monotonic) for ack lag
         self._on_started = on_started
 
-    async def run(
-        self, client: ReplicationClient, scheduler: FlushScheduler, stop: asyncio.Event
-    ) -> None:
+    async def run(self, client: ReplicationClient, scheduler: Writers, stop: asyncio.Event) -> None:
         queue = client.queue
         while not stop.is_set():
             item = await queue.get()
@@ -88,7 +95,7 @@ class StreamConsumer:
         if end is not None and self.collector.idle:
             client.note_idle(end)
 
-    async def _batch(self, batch: WalBatch, scheduler: FlushScheduler) -> None:
+    async def _batch(self, batch: WalBatch, scheduler: Writers) -> None:
         """The hot path: decode and route every message of one read from the socket."""
         decoder, collector = self.decoder, self.collector
         assert decoder is not None
