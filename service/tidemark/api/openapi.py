@@ -291,9 +291,9 @@ def _paths() -> dict[str, Any]:
                     ),
                 },
                 tag=progress,
-                description="Returns once Postgres's replay_lsn reaches `lsn` (with "
-                "`shape`: once that shape's frontier does, even while another shape holds "
-                "the acknowledgement back).",
+                description="Returns once Postgres's replay_lsn (and, with `shape`, the "
+                "shape's frontier) reach `lsn`; with `shape`, its frontier alone while "
+                "another shape in error holds the acknowledgement back.",
                 parameters=[
                     _query(
                         "lsn",

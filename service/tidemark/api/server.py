@@ -17,8 +17,10 @@
 ``GET /v1/progress``                   received / flushed / applied LSNs, Postgres's
                                        view of our slot, per-shape frontiers
 ``GET /v1/progress/wait``              ``?lsn=X&timeout=S[&shape=N]``: returns once
-                                       Postgres's replay_lsn (with a shape: the
-                                       shape's frontier) reaches X; 504 on timeout
+                                       Postgres's replay_lsn (and the shape's
+                                       frontier) reach X; with a shape, its frontier
+                                       alone while another shape in error holds the
+                                       acknowledgement; 504 on timeout
 =====================================  ==============================================
 
 Mutations need ``Authorization: Bearer <admin_token>`` when a token is configured.
@@ -404,17 +406,10 @@ async def wait_progress(request: web.Request) -> web.Response:
         raise Problem(
             problems.STARTING, "the service is still starting: wait again in a few seconds"
         )
-    # with a shape: its frontier alone (its table holds every transaction up to it),
-    # so a shape answers while another one holds the slot's acknowledgement back
-    reached = shape is not None or await monitor.wait_for_lsn(target, timeout) is not None
-    while reached and shape is not None:
-        frontier = service.frontier(shape)
-        if frontier is not None and frontier >= target:
-            break
-        if asyncio.get_running_loop().time() > deadline:
-            reached = False
-            break
-        await asyncio.sleep(0.05)
+    if shape is None:
+        reached = await monitor.wait_for_lsn(target, timeout) is not None
+    else:
+        reached = await _shape_reached(service, monitor, shape, target, deadline)
     body = progress_json(service)
     body["target"] = lsn_json(target)
     body["reached"] = reached
@@ -427,6 +422,30 @@ async def wait_progress(request: web.Request) -> web.Response:
             **body,
         )
     return web.json_response(body)
+
+
+async def _shape_reached(
+    service: ServiceView, monitor: Any, shape: str, target: int, deadline: float
+) -> bool:
+    """Whether ``shape``'s frontier reaches ``target`` by ``deadline``, and Postgres's
+    replay too, unless another shape in error holds the acknowledgement back: then the
+    frontier alone answers (the shape's table holds every transaction up to it)."""
+    loop = asyncio.get_running_loop()
+    replayed = asyncio.ensure_future(monitor.wait_for_lsn(target, max(0.0, deadline - loop.time())))
+    try:
+        while True:
+            frontier = service.frontier(shape)
+            if frontier is not None and frontier >= target:
+                if replayed.done() and replayed.result() is not None:
+                    return True
+                holder = service.acknowledgement_holder()
+                if holder is not None and holder[0] != shape:
+                    return True
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+    finally:
+        replayed.cancel()
 
 
 def build_app(service: ServiceView) -> web.Application:
