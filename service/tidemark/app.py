@@ -576,11 +576,12 @@ class Service:
         except TimeoutError:
             log.error("service.shutdown_timeout", grace_s=self.settings.shutdown_grace_s)
             flushed = False
+        # a commit still waiting for the lease in a worker thread gives up now: the
+        # process would wait for that thread before it exits (the fold's commits too:
+        # a lease lost while stopping, the source going down with us, costs no wait)
+        fencing.current().stop_waiting()
         if flushed:
             await self._fold_on_stop(deadline - loop.time())
-        # a commit still waiting for the lease in a worker thread gives up now: the
-        # process would wait for that thread before it exits
-        fencing.current().stop_waiting()
         for task in tasks:
             task.cancel()
         self.phase = "stopped"
@@ -596,6 +597,9 @@ class Service:
         keeper = self.keeper
         if keeper is None or seconds <= 0 or not self.settings.current.fold_on_stop:
             return
+        fence = fencing.current()
+        if fence.suspended is not None or fence.deposed is not None:
+            return  # (nothing may be written without the lease)
         waiting = [n for n in keeper.shapes_waiting() if n in self.shapes]
         if not waiting:
             return
