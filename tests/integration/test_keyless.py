@@ -17,8 +17,9 @@ import pytest
 from tidemark.verify import compare_shape, normalise
 
 from .conftest import PgDatabase, one_server
-from .outside_readers import changelog_rows, current_rows, metadata_location
+from .outside_readers import changelog_rows, current_rows
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+from .test_e2e import rows_at_version
 
 SCHEMA = """
 create table bag (n int, s text, v int);
@@ -73,18 +74,6 @@ def fold_copies(changes: Sequence[dict[str, Any]]) -> Counter[tuple[Any, ...]]:
         elif r["_kind"] in ("snapshot", "insert"):
             state[row] += 1
     return +state
-
-
-def rows_at_version(root: Path, kind: str, shape: str, table_format: str, version: int) -> list:
-    if table_format == "delta":
-        from deltalake import DeltaTable
-
-        return DeltaTable(str(root / kind / shape), version=version).to_pyarrow_table().to_pylist()
-    from pyiceberg.table import StaticTable
-
-    namespace = "tidemark" if kind == "tables" else "tidemark_current"
-    table = StaticTable.from_metadata(metadata_location(root, namespace, shape))
-    return table.scan(snapshot_id=version).to_arrow().to_pylist()
 
 
 @one_server()
