@@ -818,11 +818,8 @@ class Service:
         """The shape in error that holds the acknowledgement back (the pending shape
         with the oldest uncommitted transaction, when it is failing), and how many bytes
         of received WAL lie past its frontier: what the slot keeps for it alone."""
-        pending = self.tracker.stalled_shapes(time.monotonic(), 0.0)
-        if not pending:
-            return None
-        name = pending[0].name
-        if name not in self.shapes or self.shape_state(name)[0] != ShapeState.ERROR:
+        name = self.tracker.holding_shape()
+        if name is None or name not in self.shapes or self.shape_state(name)[0] != ShapeState.ERROR:
             return None
         frontier = self._raw_frontier(name)
         fb = self.client.feedback if self.client else None

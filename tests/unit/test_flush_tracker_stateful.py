@@ -272,6 +272,11 @@ class FlushPipeline(RuleBasedStateMachine):
         assert tracker._min == (min(expected) if expected else None)
 
     @invariant()
+    def the_holding_shape_is_the_first_stalled_one(self) -> None:
+        stalled = self.tracker.stalled_shapes(now=float("inf"), grace=0.0)
+        assert self.tracker.holding_shape() == (stalled[0].name if stalled else None)
+
+    @invariant()
     def no_row_is_lost(self) -> None:
         for txn in [*self.committed, *([self.open] if self.open else [])]:
             for shape, rows in txn.rows.items():

@@ -303,6 +303,14 @@ class FlushTracker:
         entry = self._pending.get(shape)
         return None if entry is None else _offset(entry.last_flushed)
 
+    def holding_shape(self) -> str | None:
+        """The pending shape holding the durable LSN back (the lowest ``last_flushed``;
+        the first name among equals, as ``stalled_shapes`` orders them), or None. O(1)
+        for the minimum, then its shapes at that offset."""
+        if self._min is None:
+            return None
+        return min(self._by_flushed[self._min])
+
     def stalled_shapes(self, now: float, grace: float) -> list[StalledShape]:
         """Shapes owing a flush since before ``now - grace``, lowest ``last_flushed`` first.
 
