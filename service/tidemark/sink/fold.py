@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tidemark.sink.schema import KIND, LSN, METADATA_NAMES, OP, UNCHANGED
+from tidemark.sink.schema import KIND, LSN, METADATA_NAMES, OP, UNCHANGED, is_row_key
 
 SNAPSHOT = "snapshot"
 TRUNCATE = "truncate"
@@ -68,7 +68,7 @@ def fold(
     value_columns = [c for c in frame.columns if c not in skip]
     keys = [F.col(f"`{k}`") for k in primary_key]
     ordered = [c for c in frame.columns if c not in METADATA_NAMES and c != "__order"]
-    if not value_columns:
+    if is_row_key(ordered, primary_key):
         return _copies(frame, keys, ordered)
     history = (
         Window.partitionBy(*keys)

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidemark.sink.schema import KIND, LSN, METADATA_NAMES, OP, UNCHANGED
+from tidemark.sink.schema import KIND, LSN, METADATA_NAMES, OP, UNCHANGED, is_row_key
 
 SNAPSHOT = "snapshot"
 TRUNCATE = "truncate"
@@ -91,11 +91,6 @@ def fold_arrow_onto(base: pa.Table | None, tail: pa.Table, primary_key: Sequence
             columns.append(pa.nulls(n, field.type))
     as_rows = pa.Table.from_arrays(columns, schema=tail.schema)
     return fold_arrow(pa.concat_tables([as_rows, tail]), primary_key)
-
-
-def is_row_key(columns: Sequence[str], primary_key: Sequence[str]) -> bool:
-    """Whether the key is every column of the shape: the fold counts copies."""
-    return set(columns) <= set(primary_key)
 
 
 def _same_as_next(col: pa.Array) -> np.ndarray:

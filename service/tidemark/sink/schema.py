@@ -114,6 +114,13 @@ def with_primary_key(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema
     return pa.schema(fields, metadata=schema.metadata)
 
 
+def is_row_key(columns: Sequence[str], primary_key: Sequence[str]) -> bool:
+    """Whether the key is every column of the shape (a table without a primary key: the
+    whole row is the key), so a row may be there several times and the fold counts
+    copies (``tidemark.sink.fold``)."""
+    return set(columns) <= set(primary_key)
+
+
 def primary_key_of(schema: pa.Schema) -> list[str]:
     """The key recorded by ``with_primary_key`` (empty if none)."""
     keyed = [
