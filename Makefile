@@ -81,15 +81,21 @@ browser:
 	fi
 
 # Pure cores only: no Postgres, no Spark.
+# Two workers, one for each core: a module runs whole on one of them (its fixtures shared),
+# the slowest modules first (tests/conftest.py), so both end together. TEST_WORKERS=0
+# runs the tests in pytest's own process (one at a time, as a debugger wants).
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test-fast: setup
-	$(PYTEST) tests/unit -q -p no:cacheprovider
+	$(PYTEST) tests/unit -q -p no:cacheprovider $(XDIST)
 
 # Real Postgres (embedded PG 16, the system's PG 15 if installed, PG 18 for some modules) and a real Spark.
 test-integration: setup
-	$(PYTEST) tests/integration -q -p no:cacheprovider
+	$(PYTEST) tests/integration -q -p no:cacheprovider $(XDIST)
 
 test: setup
-	$(PYTEST) tests -q -p no:cacheprovider -rs --durations=25
+	$(PYTEST) tests -q -p no:cacheprovider -rs --durations=25 $(XDIST)
 
 # docker-compose.yml run for real, under podman (no Docker engine or image registry on our
 # machines): deploy/podman/setup.sh installs podman (Debian packages) and builds the
