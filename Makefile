@@ -8,9 +8,9 @@ STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup java prometheus fuse browser test test-fast test-integration test-compose lint demo bench clean jvm docs
+.PHONY: setup java prometheus fuse browser objectstore test test-fast test-integration test-compose lint demo bench clean jvm docs
 
-setup: java prometheus fuse browser $(STAMP)
+setup: java prometheus fuse browser objectstore $(STAMP)
 
 $(STAMP): pyproject.toml setup.py service/tidemark/_fastpath.pyx
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,14 @@ browser:
 		echo "skipped. Install it with 'sudo apt-get install chromium' (or run make setup"; \
 		echo "as root)."; \
 	fi
+
+# The object-store tests: S3A's jars (hadoop-aws of pyspark's Hadoop, its AWS SDK bundle)
+# and the S3 server S3Proxy, resolved by Maven into .jars/ and checked against
+# jars/checksums.sha256 (about 740 MB, once; a machine without Maven Central can be given
+# a copy of .jars/), and Toxiproxy (Go) for real network faults into .tools/bin.
+objectstore:
+	@sh jars/fetch.sh
+	@sh jars/toxiproxy.sh
 
 # Pure cores only: no Postgres, no Spark.
 # Two workers, one for each core: a module runs whole on one of them (its fixtures shared),
