@@ -133,6 +133,18 @@ def _lsn(value: dict[str, Any] | None) -> str:
     return value["lsn"] if value else "-"
 
 
+def _bytes_text(value: int | None) -> str:
+    """WAL bytes for people: ``0 B``, ``12.4 kB``, ``3.1 MB``."""
+    if value is None:
+        return "-"
+    size, unit = float(value), "B"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            break
+        size /= 1000
+    return f"{value} B" if unit == "B" else f"{size:.1f} {unit}"
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
@@ -267,9 +279,14 @@ def _shape_text(s: dict[str, Any]) -> str:
         lines.append(("primary key", ", ".join(log["primary_key"])))
         current = tables.get("current")
         if current:
-            folded = current.get("folded") or "never refreshed"
+            folded = current.get("folded")
+            how_far = (
+                f"folded {folded['lsn']}, {_bytes_text(current.get('lag_bytes'))} behind"
+                if folded
+                else "never refreshed"
+            )
             lines.append(
-                ("current", f"{current['name']} (version {current['version']}, folded {folded})")
+                ("current", f"{current['name']} (version {current['version']}, {how_far})")
             )
         else:
             lines.append(("current", "-"))
@@ -498,12 +515,16 @@ def cmd_tables(args: argparse.Namespace) -> int:
             str(t["changelog"]["version"]),
             t["current"]["name"] if t["current"] else "-",
             str(t["current"]["version"]) if t["current"] else "-",
-            (t["current"] or {}).get("folded") or "-",
-            t["frontier"] or "-",
+            _lsn((t["current"] or {}).get("folded")),
+            _bytes_text((t["current"] or {}).get("lag_bytes")),
+            _lsn(t["frontier"]),
         ]
         for t in found
     ]
-    header = ["shape", "format", "changelog", "version", "current", "version", "folded", "frontier"]
+    header = [
+        *("shape", "format", "changelog", "version", "current", "version"),
+        *("folded", "behind", "frontier"),
+    ]
     print(_table(rows, header))
     print(f"\n{len(found)} shape(s) under {root}")
     return 0

@@ -73,6 +73,12 @@ def format_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
+def lsn_json(value: int | None) -> dict[str, str | int] | None:
+    """An LSN as the API and every ``-o json`` give it: ``{"lsn": "16/B374D848",
+    "value": 97628022856}`` (the text Postgres prints, and the number to compare)."""
+    return None if value is None else {"lsn": format_lsn(value), "value": value}
+
+
 class LogOffset(NamedTuple):
     """Position of one change: (commit LSN of its transaction, index inside it).
 

@@ -42,7 +42,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 from tidemark.errors import SinkError
-from tidemark.lsn import format_lsn
+from tidemark.lsn import format_lsn, lsn_json
 from tidemark.sink import TableFormat
 from tidemark.sink.fold import fold, fold_onto, snapshot_rows
 from tidemark.sink.fold_arrow import fold_arrow, fold_arrow_onto
@@ -157,7 +157,8 @@ def describe_tables(
     the format; the changelog's folder, name (Delta: its folder; Iceberg: its catalog
     name), newest version (Delta) or snapshot id (Iceberg), files, schema and primary
     key; the current table's, with the LSN its newest refresh folded through (None
-    before the first refresh); and the shape's frontier."""
+    before the first refresh) and how far that is behind the frontier; and the
+    shape's frontier. LSNs as the API gives them (``lsn_json``)."""
     tables = tables or root_format(root)
     table = tables.changelog(root, shape)
     if not table.exists():
@@ -173,7 +174,7 @@ def describe_tables(
     return {
         "shape": shape,
         "format": tables.name,
-        "frontier": None if frontier is None else format_lsn(frontier),
+        "frontier": lsn_json(frontier),
         "changelog": {
             "path": str(table.path),
             "name": table.name,
@@ -189,7 +190,12 @@ def describe_tables(
             "path": str(state.path),
             "name": state.name,
             "version": pinned.version,
-            "folded": None if point is None else format_lsn(point.lsn),
+            "folded": lsn_json(None if point is None else point.lsn),
+            # what a plain reader of the current table misses, in WAL bytes (the API's
+            # current.lag_bytes): `tidemark read` and tidemark.read fold it on top
+            "lag_bytes": None
+            if point is None or frontier is None
+            else max(0, frontier - point.lsn),
         },
     }
 

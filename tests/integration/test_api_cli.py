@@ -17,7 +17,7 @@ import pytest
 
 from tidemark import cli
 from tidemark.api import problems
-from tidemark.lsn import Lsn
+from tidemark.lsn import Lsn, format_lsn
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.verify import compare_shape
 
@@ -252,6 +252,15 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
         listed = {found["shape"]: found for found in json_of(out)}
         assert code == 0 and {"t_all", "t_one"} <= set(listed)
         assert listed["t_all"]["changelog"]["version"] >= 1
+        # LSNs as the API gives them everywhere, and how far a plain reader of the
+        # current table is behind the frontier
+        frontier = listed["t_all"]["frontier"]
+        assert frontier == {"lsn": format_lsn(frontier["value"]), "value": frontier["value"]}
+        for found in listed.values():
+            current = found["current"]
+            if current is not None and current["folded"] is not None:
+                behind = max(0, found["frontier"]["value"] - current["folded"]["value"])
+                assert current["lag_bytes"] == behind, found
         code, out = await asyncio.to_thread(run, "tables", "--root", str(tmp_path))
         assert code == 0 and "t_all" in out and "shape(s) under" in out
         code, out = await asyncio.to_thread(run, "status", "--output", "json", "--url", url)

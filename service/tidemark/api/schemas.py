@@ -184,7 +184,7 @@ _TABLES = obj(
     {
         "shape": TEXT,
         "format": {"enum": ["delta", "iceberg"]},
-        "frontier": nullable({"type": "string", "pattern": LSN_PATTERN}),
+        "frontier": nullable(ref("Lsn")),
         "changelog": obj(
             {
                 "path": TEXT,
@@ -205,7 +205,12 @@ _TABLES = obj(
                     "path": TEXT,
                     "name": TEXT,
                     "version": {"type": "integer"},
-                    "folded": nullable({"type": "string", "pattern": LSN_PATTERN}),
+                    "folded": nullable(ref("Lsn")),
+                    "lag_bytes": {
+                        **nullable(COUNT),
+                        "description": "WAL bytes the folded LSN is behind the frontier: "
+                        "what a plain reader of the current table does not see yet",
+                    },
                 }
             )
         ),

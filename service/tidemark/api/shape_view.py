@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from tidemark.lsn import format_lsn
+from tidemark.lsn import lsn_json
 from tidemark.shapes.state import STATES, ShapeState
 
 if TYPE_CHECKING:
@@ -33,10 +33,6 @@ if TYPE_CHECKING:
 
 # what ``state`` can be (``ShapeStatus.state``, or ``error`` while flushes fail)
 SHAPE_STATES = tuple(str(s) for s in STATES)
-
-
-def lsn_json(value: int | None) -> dict[str, Any] | None:
-    return None if value is None else {"lsn": format_lsn(value), "value": value}
 
 
 def epoch(ts: float) -> float:
