@@ -133,18 +133,6 @@ def _lsn(value: dict[str, Any] | None) -> str:
     return value["lsn"] if value else "-"
 
 
-def _bytes_text(value: int | None) -> str:
-    """WAL bytes for people: ``0 B``, ``12.4 kB``, ``3.1 MB``."""
-    if value is None:
-        return "-"
-    size, unit = float(value), "B"
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            break
-        size /= 1000
-    return f"{value} B" if unit == "B" else f"{size:.1f} {unit}"
-
-
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
@@ -281,7 +269,8 @@ def _shape_text(s: dict[str, Any]) -> str:
         if current:
             folded = current.get("folded")
             how_far = (
-                f"folded {folded['lsn']}, {_bytes_text(current.get('lag_bytes'))} behind"
+                f"folded {folded['lsn']}, {human_bytes(current.get('lag_bytes'))} behind, "
+                f"{current.get('rows_waiting')} row(s) waiting"
                 if folded
                 else "never refreshed"
             )
@@ -516,14 +505,15 @@ def cmd_tables(args: argparse.Namespace) -> int:
             t["current"]["name"] if t["current"] else "-",
             str(t["current"]["version"]) if t["current"] else "-",
             _lsn((t["current"] or {}).get("folded")),
-            _bytes_text((t["current"] or {}).get("lag_bytes")),
+            human_bytes((t["current"] or {}).get("lag_bytes")),
+            str((t["current"] or {}).get("rows_waiting", "-")),
             _lsn(t["frontier"]),
         ]
         for t in found
     ]
     header = [
         *("shape", "format", "changelog", "version", "current", "version"),
-        *("folded", "behind", "frontier"),
+        *("folded", "behind", "rows waiting", "frontier"),
     ]
     print(_table(rows, header))
     print(f"\n{len(found)} shape(s) under {root}")

@@ -191,11 +191,14 @@ def describe_tables(
             "name": state.name,
             "version": pinned.version,
             "folded": lsn_json(None if point is None else point.lsn),
-            # what a plain reader of the current table misses, in WAL bytes (the API's
-            # current.lag_bytes): `tidemark read` and tidemark.read fold it on top
+            # WAL between the frontier and the folded LSN, as the metric
+            # tidemark_current_lag_bytes has it; and the changelog's rows past the folded
+            # LSN (whole files counted): 0 when a plain reader of the current table sees
+            # every committed change (`tidemark read` and tidemark.read fold the rest)
             "lag_bytes": None
             if point is None or frontier is None
             else max(0, frontier - point.lsn),
+            "rows_waiting": None if point is None else view.rows_after(point.lsn),
         },
     }
 

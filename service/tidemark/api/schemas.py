@@ -208,8 +208,13 @@ _TABLES = obj(
                     "folded": nullable(ref("Lsn")),
                     "lag_bytes": {
                         **nullable(COUNT),
-                        "description": "WAL bytes the folded LSN is behind the frontier: "
-                        "what a plain reader of the current table does not see yet",
+                        "description": "WAL bytes between the folded LSN and the frontier",
+                    },
+                    "rows_waiting": {
+                        **nullable(COUNT),
+                        "description": "the changelog's rows past the folded LSN (whole "
+                        "files counted): 0 when a plain reader of the current table sees "
+                        "every committed change",
                     },
                 }
             )
