@@ -2,8 +2,10 @@
 
 ``run`` starts the service; ``config check`` validates settings, the source and the
 declared shapes; ``shapes``, ``status`` and ``wait`` talk to a running service over
-its HTTP API; ``read`` reads a shape's table straight from the sink with Spark;
-``demo`` runs everything on embedded defaults.
+its HTTP API; ``read`` reads a shape's rows straight from the sink root (without
+Spark unless ``--spark``), ``tables`` lists every shape's tables there; ``teardown``
+drops what tidemark created in Postgres; ``demo`` runs everything on embedded
+defaults.
 
 Exit codes: 0 success, 1 a clear error (printed on stderr), 2 a usage or configuration
 error (a bad argument, an unreadable or invalid settings file or variable), 3 a wait
@@ -37,7 +39,7 @@ from tidemark.cli_args import (
 )
 from tidemark.config import Settings
 from tidemark.errors import ConfigError, TidemarkError
-from tidemark.lsn import Lsn, format_lsn
+from tidemark.lsn import Lsn, format_lsn, lsn_json
 
 
 def _settings(args: argparse.Namespace, require_dsn: bool = False) -> Settings:
@@ -465,22 +467,78 @@ def cmd_read(args: argparse.Namespace) -> int:
     limit = args.limit if args.limit is not None else (50 if args.format == "text" else 0)
     total = rows.num_rows
     shown = rows.slice(0, limit) if limit else rows
-    if args.format != "text":
+    if args.format in ("csv", "parquet"):
         _write_rows(shown, args.format, args.out)
         if args.out:
             print(f"{shown.num_rows} row(s) written to {args.out} ({args.format})")
         return 0
-    columns = shown.column_names
-    values = [["NULL" if r[c] is None else str(r[c]) for c in columns] for r in shown.to_pylist()]
-    more = "" if shown.num_rows == total else f", {shown.num_rows} shown"
-    when = "" if as_of is None else f" as of {format_lsn(as_of)}"
-    text = f"{_table(values, columns)}\n\n{total} row(s){more}{when}\n"
+    if args.format == "json":
+        text = json.dumps(_rows_json(args, shown, total, as_of), indent=1) + "\n"
+    else:
+        text = _rows_text(shown, total, as_of)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
     else:
         sys.stdout.write(text)
     return 0
+
+
+# a text cell longer than this is cut (the whole value: -o json, csv or parquet)
+CELL_WIDTH = 48
+
+
+def _cell(value: Any, column: str) -> str:
+    if value is None:
+        return "NULL"
+    text = format_lsn(value) if column == "_lsn" else str(value)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= CELL_WIDTH else text[: CELL_WIDTH - 1] + "…"
+
+
+def _rows_text(rows: Any, total: int, as_of: int | None) -> str:
+    """Rows as a table for people: ``_lsn`` as Postgres prints LSNs, long values cut."""
+    columns = rows.column_names
+    values = [[_cell(r[c], c) for c in columns] for r in rows.to_pylist()]
+    more = "" if rows.num_rows == total else f", {rows.num_rows} shown"
+    when = "" if as_of is None else f" as of {format_lsn(as_of)}"
+    cut = any(cell.endswith("…") for row in values for cell in row)
+    note = f"; values over {CELL_WIDTH} characters cut (-o json, csv or parquet: whole)"
+    return f"{_table(values, columns)}\n\n{total} row(s){more}{when}{note if cut else ''}\n"
+
+
+def _rows_json(args: argparse.Namespace, rows: Any, total: int, as_of: int | None) -> Any:
+    """Rows for scripts: one document, LSNs as the API gives them (``{lsn, value}``),
+    decimals as text (no precision lost), times in ISO 8601, bytes as hex."""
+    import datetime
+    import decimal
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, decimal.Decimal):
+            return str(value)
+        if isinstance(value, datetime.date | datetime.time):
+            return value.isoformat()
+        if isinstance(value, datetime.timedelta):
+            return value.total_seconds()
+        if isinstance(value, bytes):
+            return "\\x" + value.hex()
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return value
+
+    listed = [
+        {c: lsn_json(v) if c == "_lsn" else plain(v) for c, v in row.items()}
+        for row in rows.to_pylist()
+    ]
+    return {
+        "shape": args.shape,
+        "changelog": bool(args.changelog),
+        "as_of": lsn_json(as_of),
+        "total": total,
+        "rows": listed,
+    }
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
@@ -613,9 +671,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 CONFIG_HELP = "settings file (default: $TIDEMARK_CONFIG or ./tidemark.toml)"
 
+SUMMARY = """\
+tidemark streams a PostgreSQL database's changes into Delta or Iceberg tables, one
+table per shape (a table, a where, columns), exactly once, and acknowledges WAL to
+Postgres only once every shape has committed it."""
+
+EXAMPLES = """\
+examples:
+  tidemark demo                                  try it: embedded Postgres and Spark
+  tidemark config check                          settings, the source, the shapes
+  tidemark run                                   the service (settings: ./tidemark.toml)
+  tidemark shapes add orders_eu --table public.orders --where "region = 'eu'" --wait
+  tidemark status                                how far each shape is
+  tidemark read orders_eu --limit 10             a shape's rows, from the lake
+  tidemark tables                                where each shape's tables are
+
+Exit codes: 0 done, 1 an error (said on stderr), 2 bad settings or arguments, 3 a
+wait that timed out, 4 config check found problems. 'tidemark COMMAND --help' says
+more; the docs: docs/reference/cli.md."""
+
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tidemark", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="tidemark",
+        description=SUMMARY,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--version", action="version", version=f"tidemark {version()}")
     # --config also after the subcommand (`tidemark run --config f`): SUPPRESS keeps the
@@ -734,10 +816,14 @@ def parser() -> argparse.ArgumentParser:
     )
     read.add_argument("--changelog", action="store_true", help="every change, not the state")
     read.add_argument(
+        "-o",
+        "--output",
         "--format",
-        choices=("text", "csv", "parquet"),
+        dest="format",
+        choices=("text", "json", "csv", "parquet"),
         default="text",
-        help="text (a table for people, default), csv or parquet",
+        help="text (a table for people, long values cut; default), json (one document "
+        "for scripts), csv or parquet",
     )
     read.add_argument("--out", help="write to this file (default: stdout)")
     read.add_argument(

@@ -296,6 +296,13 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
             run, "read", "t_all", "--root", str(tmp_path), "--spark"
         )
         assert code == 0 and "one" in out and "two" in out and "2 row(s)" in out
+        code, out = await asyncio.to_thread(
+            run, "read", "t_all", "--root", str(tmp_path), "-o", "json"
+        )
+        doc = json_of(out)
+        assert code == 0 and doc["total"] == 2 and {r["v"] for r in doc["rows"]} == {"one", "two"}
+        lsn = doc["rows"][0]["_lsn"]
+        assert lsn == {"lsn": format_lsn(lsn["value"]), "value": lsn["value"]}
         csv_file, parquet_file = tmp_path / "t_all.csv", tmp_path / "t_all.parquet"
         code, out = await asyncio.to_thread(
             run, "read", "t_all", "--root", str(tmp_path), "--format", "csv", "--out", str(csv_file)

@@ -88,3 +88,74 @@ def test_shapes_list_pages_as_the_api_does(capsys: pytest.CaptureFixture[str]) -
         with pytest.raises(SystemExit) as done:
             cli.parser().parse_args(["shapes", "list", "--limit", bad])
         assert done.value.code == 2 and "--limit" in capsys.readouterr().err
+
+
+def test_read_takes_dash_o_like_the_other_commands_and_keeps_format() -> None:
+    assert cli.parser().parse_args(["read", "s"]).format == "text"
+    for flag in ("-o", "--output", "--format"):
+        assert cli.parser().parse_args(["read", "s", flag, "json"]).format == "json"
+    assert cli.parser().parse_args(["read", "s", "-o", "parquet"]).format == "parquet"
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["read", "s", "-o", "yaml"])
+
+
+def test_tidemark_help_starts_with_a_summary_and_gives_examples(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "tidemark streams a PostgreSQL database's changes" in out
+    assert "``" not in out  # not a docstring
+    assert "examples:" in out and "tidemark read orders_eu" in out
+
+
+def test_read_as_text_prints_lsns_as_postgres_does_and_cuts_long_values() -> None:
+    import pyarrow as pa
+
+    rows = pa.table({"id": [1, 2], "v": ["short", "x" * 200], "_lsn": [23803720, None]})
+    text = cli._rows_text(rows, 2, as_of=23803720)
+    assert "0/16B3748" in text and "23803720" not in text
+    assert "x" * 200 not in text and ("x" * (cli.CELL_WIDTH - 1) + "…") in text
+    assert "NULL" in text
+    assert text.rstrip().endswith(
+        f"2 row(s) as of 0/16B3748; values over {cli.CELL_WIDTH} characters cut "
+        "(-o json, csv or parquet: whole)"
+    )
+    assert "cut" not in cli._rows_text(rows.slice(0, 1), 1, as_of=None)
+
+
+def test_read_as_json_keeps_every_value_whole_and_lsns_as_the_api_does() -> None:
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+
+    rows = pa.table(
+        {
+            "id": [1],
+            "amount": pa.array([decimal.Decimal("1234567890123456789.1234")], pa.decimal128(38, 4)),
+            "at": [datetime.datetime(2026, 11, 29, 1, 2, 3, tzinfo=datetime.UTC)],
+            "blob": [b"\x00\xff"],
+            "long": ["y" * 500],
+            "_lsn": [23803720],
+        }
+    )
+    args = argparse.Namespace(shape="s", changelog=False)
+    doc = cli._rows_json(args, rows, 1, as_of=None)
+    assert doc == {
+        "shape": "s",
+        "changelog": False,
+        "as_of": None,
+        "total": 1,
+        "rows": [
+            {
+                "id": 1,
+                "amount": "1234567890123456789.1234",
+                "at": "2026-11-29T01:02:03+00:00",
+                "blob": "\\x00ff",
+                "long": "y" * 500,
+                "_lsn": {"lsn": "0/16B3748", "value": 23803720},
+            }
+        ],
+    }
