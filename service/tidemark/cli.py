@@ -9,7 +9,8 @@ defaults.
 
 Exit codes: 0 success, 1 a clear error (printed on stderr), 2 a usage or configuration
 error (a bad argument, an unreadable or invalid settings file or variable), 3 a wait
-that timed out, 4 ``config check`` found problems. Bad input never ends in a traceback.
+that timed out, 4 ``config check`` found problems (``run``: the source refuses
+tidemark, before Spark starts). Bad input never ends in a traceback.
 """
 
 from __future__ import annotations
@@ -151,13 +152,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     prepare_process()  # before pyarrow loads
     from tidemark.app import Service
     from tidemark.observability import configure_logging
-    from tidemark.preflight import static_problems
+    from tidemark.preflight import source_problems, static_problems
 
     settings = _settings(args, require_dsn=True)
     # what `config check` finds without the source, before Spark starts (exit 2)
     problems = static_problems(settings)
     if problems:
         raise ConfigError("; ".join(problems) + " (tidemark config check lists every check)")
+    # then what the source refuses tidemark (exit 4, as config check's failures)
+    problems = asyncio.run(source_problems(settings))
+    if problems:
+        return _fail(args, "; ".join(problems) + " (tidemark config check lists every check)", 4)
     configure_logging(settings.log_format, settings.log_level)
     asyncio.run(Service(settings, config_path=args.config).run())
     return 0
@@ -687,8 +692,8 @@ examples:
   tidemark tables                                where each shape's tables are
 
 Exit codes: 0 done, 1 an error (said on stderr), 2 bad settings or arguments, 3 a
-wait that timed out, 4 config check found problems. 'tidemark COMMAND --help' says
-more; the docs: docs/reference/cli.md."""
+wait that timed out, 4 config check found problems (run: the source refuses tidemark).
+'tidemark COMMAND --help' says more; the docs: docs/reference/cli.md."""
 
 
 def parser() -> argparse.ArgumentParser:

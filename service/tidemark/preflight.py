@@ -290,6 +290,36 @@ def shape_problems(settings: Settings) -> list[str]:
     return out
 
 
+async def source_problems(settings: Settings, connect_timeout_s: int = 5) -> list[str]:
+    """What ``run`` checks on the source before Spark starts: a server tidemark can
+    stream from (logical WAL, a supported version) and a role that may replicate, each
+    said with the fix. An unreachable source is not a problem here (the service
+    connects and retries on its own: a source started with it may come up later); nor
+    are the slot and the shapes' tables, which the service handles shape by shape (one
+    shape's table gone must not stop the others) or by policy (a slot lost)."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            settings.source.dsn, autocommit=True, connect_timeout=connect_timeout_s
+        )
+    except psycopg.OperationalError:
+        return []
+    problems = []
+    try:
+        try:
+            await slots.check_server(conn)
+        except TidemarkError as exc:
+            problems.append(str(exc))
+        if not await slots.role_can_replicate(conn):
+            user = conn.info.user
+            problems.append(
+                f"role {user} lacks REPLICATION: run ALTER ROLE {user} REPLICATION; as a "
+                "superuser (on Amazon RDS: GRANT rds_replication TO " + user + ";)"
+            )
+    finally:
+        await conn.close()
+    return problems
+
+
 def static_problems(settings: Settings) -> list[str]:
     """What ``tidemark run`` refuses before it starts Spark or connects anywhere."""
     problems = shape_problems(settings)
