@@ -88,13 +88,15 @@ objectstore:
 	@sh jars/fetch.sh
 	@sh jars/toxiproxy.sh
 
-# Pure cores only: no Postgres, no Spark.
 # Two workers, one for each core: a module runs whole on one of them (its fixtures shared),
-# the slowest modules first (tests/conftest.py), so both end together. TEST_WORKERS=0
-# runs the tests in pytest's own process (one at a time, as a debugger wants).
+# the slowest modules first (tests/conftest.py), so both end together; in that order, not
+# xdist's own (--no-loadscope-reorder: it would start the modules of most tests first and
+# leave the few long ones to the end). TEST_WORKERS=0 runs the tests in pytest's own
+# process (one at a time, as a debugger wants).
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
+# Pure cores only: no Postgres, no Spark.
 test-fast: setup
 	$(PYTEST) tests/unit -q -p no:cacheprovider $(XDIST)
 
