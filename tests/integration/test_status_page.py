@@ -111,6 +111,13 @@ class Watched:
         ).inner_text()
         return text
 
+    async def sub(self, shape: str, column: str) -> str:
+        """The second line of a cell (what its first one stands on)."""
+        text: str = await self.page.locator(
+            f'#shapes tr[data-shape="{shape}"] td.{column} > span.sub'
+        ).inner_text()
+        return text
+
     async def refreshed_at(self) -> int | None:
         at = await self.page.get_attribute("#refreshed", "data-at")
         return None if at is None else int(at)
@@ -191,6 +198,16 @@ def _fake_shapes(n: int) -> list[dict[str, Any]]:
                 "lag_s": None if lag is None else lag / 1000,
                 "rows_backfilled": 1000,
                 "rows_committed": i,
+                "last_commit": {
+                    "at": "2026-01-02T03:04:09.500Z",
+                    "epoch": 1767323049.5,
+                    "age_s": 2.0,
+                }
+                if active
+                else None,
+                "backfill": None
+                if active
+                else {"rows_done": 1000, "rows_estimated": 5000, "chunks": 1, "elapsed_s": 3.0},
                 "continuity": {
                     "since": "2026-01-02T03:04:05.250Z",
                     "from": {"lsn": "0/16B3748", "value": 23803720},
@@ -259,6 +276,12 @@ async def test_a_thousand_shapes_sort_by_lag_filter_and_survive_failed_fetches()
         assert await watched.cell("s0005", "reason") == shapes[5]["reason"]
         assert await watched.cell("s0007", "rows") == "1,007"
         assert await watched.cell("s0007", "continuity") == "2026-01-02 03:04:05 UTC"
+        # the last commit, on the page's one clock (UTC), and a backfill's progress
+        assert await watched.cell("s0007", "last_commit") == "2026-01-02 03:04:09 UTC"
+        assert await watched.sub("s0007", "last_commit") == "2.0 s ago"
+        assert await watched.cell("s0005", "last_commit") == "—"
+        assert await watched.sub("s0005", "state") == "1,000 of ~5,000 rows (20%)"
+        assert re.fullmatch(r"refreshed \d\d:\d\d:\d\d UTC .*", await page.inner_text("#refreshed"))
         assert await page.inner_text("#ready") == "not ready"
         # a reason a shape, but not a thousand of them: the first twelve and a count
         reasons = await page.locator("#reasons li").all_inner_texts()
@@ -372,6 +395,9 @@ async def test_the_page_follows_a_running_service(
             took = await watched.until("the new frontier", moved, timeout=6.0)
             assert await page.evaluate("window.loadedOnce === true")
             assert await watched.cell("orders_eu", "rows") == "20"
+            # its last commit, in UTC as the API gives it
+            shown_at = await watched.cell("orders_eu", "last_commit")
+            assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown_at), shown_at
             print(f"status page: new frontier shown {took:.1f}s after the service had it")
             assert not watched.problems, watched.problems
 
