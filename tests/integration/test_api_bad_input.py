@@ -31,6 +31,12 @@ from .service_support import current_lsn, running_service, settings_for, wait_fr
 
 TOKEN = "s3cret-token"
 
+# timeouts the wait refuses before it waits (URL-encoded): out of range, not numbers, and
+# what Python's float() takes but a JSON number is not (another script's digits, '١٢٠',
+# underscores, blanks around it)
+BAD_TIMEOUTS = ("nan", "inf", "-inf", "-1", "1e999", "abc", "", "301")
+BAD_TIMEOUTS += ("%D9%A1%D9%A2%D9%A0", "1_20", "%20120", "120%20", "0x10")
+
 
 async def call(
     service: Any,
@@ -119,7 +125,7 @@ async def test_bad_requests_get_a_clear_4xx_and_a_long_or_works(
         await ask("5001 digits", "POST", "/v1/shapes", long_number)
         # query parameters
         lsn = str(Lsn(current_lsn(pg_db.dsn)))
-        for value in ("nan", "inf", "-inf", "-1", "1e999", "abc", "", "301"):
+        for value in BAD_TIMEOUTS:
             await ask(f"timeout={value}", "GET", f"/v1/progress/wait?lsn={lsn}&timeout={value}")
         await ask("no lsn", "GET", "/v1/progress/wait")
         await ask("bad lsn", "GET", "/v1/progress/wait?lsn=1/2/3")
@@ -170,7 +176,7 @@ async def test_bad_requests_get_a_clear_4xx_and_a_long_or_works(
         expect("numeric overflow", shape_, "overflows Postgres's numeric format")
         assert answers["5001 digits"][0] == 201, answers["5001 digits"]  # numeric, not int
         parameter, not_found = problems.INVALID_PARAMETER, problems.NOT_FOUND
-        for value in ("nan", "inf", "-inf", "-1", "1e999", "abc", "", "301"):
+        for value in BAD_TIMEOUTS:
             expect(f"timeout={value}", parameter, "from 0 to 300")
         expect("no lsn", parameter, "?lsn=")
         expect("bad lsn", parameter, "invalid LSN")

@@ -51,7 +51,7 @@ from tidemark.lsn import Lsn
 from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase, one_server
-from .remote_service import service_env, start_service
+from .remote_service import service_env, start_service, wait_shapes
 from .test_e2e_crash import wait_streaming
 
 SHAPES = [
@@ -308,6 +308,12 @@ def test_power_loss_loses_no_acknowledged_transaction(
     proc = start_service(env, log)
     try:
         wait_streaming(port, proc)
+        # every declared shape backfilled and claimed before the first cut, however slow
+        # the machine is: each cut then has them to check (the count asserted at the end;
+        # on a loaded machine the first cuts came before the backfills, 2026-11-29)
+        with psycopg.connect(pg_db.dsn) as conn:
+            now = conn.execute("select pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+        wait_shapes(port, now, [s["name"] for s in SHAPES], timeout=240)
         workload.start()
         for crash in range(crashes):
             cut = cuts[crash % len(cuts)]

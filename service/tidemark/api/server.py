@@ -46,6 +46,7 @@ import asyncio
 import hmac
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -376,6 +377,12 @@ async def progress(request: web.Request) -> web.Response:
     return web.json_response(progress_json(request.app[SERVICE]))
 
 
+# a number as the description's `number` has it (JSON's form, ASCII digits): float()
+# alone also takes blanks around it, underscores and other scripts' digits ('١٢٠'),
+# which the description refuses, and such a request must be refused before it waits
+_JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
 async def wait_progress(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     try:
@@ -387,10 +394,7 @@ async def wait_progress(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise Problem(problems.INVALID_PARAMETER, str(exc)) from None
     text = request.query.get("timeout", "30")
-    try:
-        timeout = float(text)
-    except ValueError:
-        timeout = math.nan
+    timeout = float(text) if _JSON_NUMBER.fullmatch(text) else math.nan
     if not (math.isfinite(timeout) and 0 <= timeout <= MAX_WAIT_S):
         raise Problem(
             problems.INVALID_PARAMETER,
