@@ -248,8 +248,17 @@ async def test_the_cli_talks_to_the_service_and_reads_the_lake(
         code, out = await asyncio.to_thread(run, "shapes", "show", "t_one", "--url", url)
         lines = {line.split("  ")[0]: line.split()[-1] for line in out.splitlines() if "  " in line}
         assert code == 0 and lines["primary key"] == "id" and "changelog" in lines
-        code, out = await asyncio.to_thread(run, "tables", "--root", str(tmp_path), "-o", "json")
-        listed = {found["shape"]: found for found in json_of(out)}
+        # (the frontier is read from the root's state file, which a moment may not have
+        # written yet on a loaded machine)
+        async with asyncio.timeout(60):
+            while True:
+                code, out = await asyncio.to_thread(
+                    run, "tables", "--root", str(tmp_path), "-o", "json"
+                )
+                listed = {found["shape"]: found for found in json_of(out)}
+                if code != 0 or listed.get("t_all", {}).get("frontier") is not None:
+                    break
+                await asyncio.sleep(0.2)
         assert code == 0 and {"t_all", "t_one"} <= set(listed)
         assert listed["t_all"]["changelog"]["version"] >= 1
         # LSNs as the API gives them everywhere, and how far a plain reader of the

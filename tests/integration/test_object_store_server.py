@@ -174,8 +174,13 @@ from tidemark.spark import build_session
 
 conf, table, log_entry = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 spark = build_session("local[2]", conf=conf, app_name="tidemark-s3a-check")
-spark.range(1000).write.mode("overwrite").parquet(table)
-facts = {"count": spark.read.parquet(table).count()}
+# as a flush round writes: each row's destination folder in the `_tm_dest` column, which
+# tidemark's commit protocol writes to in place (the job's own path gets only the
+# standard protocol's bookkeeping)
+from pyspark.sql import functions as F
+rows = spark.range(1000).withColumn("_tm_dest", F.lit(table + "/data/batch-1"))
+rows.write.mode("overwrite").partitionBy("_tm_dest").parquet(table + "-job")
+facts = {"count": spark.read.parquet(table + "/data/batch-1").count()}
 
 jvm, hadoop = spark._jvm, spark._jsc.hadoopConfiguration()
 path = jvm.org.apache.hadoop.fs.Path(log_entry)
@@ -246,6 +251,7 @@ def test_spark_through_s3a(store: tuple[S3Proxy, Proxy], proxy: Proxy) -> None:
         "if_match_current": "ok",
         "if_match_stale": "RemoteFileChangedException 412",
     }
-    # tidemark's commit protocol wrote the files in place: no rename left a trace
-    written = [p.name for p in Path(server.basedir, BUCKET, "t1").iterdir()]
+    # tidemark's commit protocol wrote the data files in place: the destination folder
+    # holds them and nothing else (no `_temporary` tree renamed into it)
+    written = [p.name for p in Path(server.basedir, BUCKET, "t1", "data", "batch-1").iterdir()]
     assert written and all(name.startswith("part-") for name in written), written
