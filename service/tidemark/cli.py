@@ -136,6 +136,10 @@ def _lsn(value: dict[str, Any] | None) -> str:
     return value["lsn"] if value else "-"
 
 
+def _count_text(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
@@ -493,21 +497,21 @@ def cmd_read(args: argparse.Namespace) -> int:
 CELL_WIDTH = 48
 
 
-def _cell(value: Any, column: str) -> str:
+def _cell_text(value: Any, column: str) -> str:
     if value is None:
         return "NULL"
     text = format_lsn(value) if column == "_lsn" else str(value)
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= CELL_WIDTH else text[: CELL_WIDTH - 1] + "…"
+    return text.replace("\n", "\\n")
 
 
 def _rows_text(rows: Any, total: int, as_of: int | None) -> str:
     """Rows as a table for people: ``_lsn`` as Postgres prints LSNs, long values cut."""
     columns = rows.column_names
-    values = [[_cell(r[c], c) for c in columns] for r in rows.to_pylist()]
+    whole = [[_cell_text(r[c], c) for c in columns] for r in rows.to_pylist()]
+    cut = any(len(cell) > CELL_WIDTH for row in whole for cell in row)
+    values = [[c if len(c) <= CELL_WIDTH else c[: CELL_WIDTH - 1] + "…" for c in r] for r in whole]
     more = "" if rows.num_rows == total else f", {rows.num_rows} shown"
     when = "" if as_of is None else f" as of {format_lsn(as_of)}"
-    cut = any(cell.endswith("…") for row in values for cell in row)
     note = f"; values over {CELL_WIDTH} characters cut (-o json, csv or parquet: whole)"
     return f"{_table(values, columns)}\n\n{total} row(s){more}{when}{note if cut else ''}\n"
 
@@ -569,7 +573,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
             str(t["current"]["version"]) if t["current"] else "-",
             _lsn((t["current"] or {}).get("folded")),
             human_bytes((t["current"] or {}).get("lag_bytes")),
-            str((t["current"] or {}).get("rows_waiting", "-")),
+            _count_text((t["current"] or {}).get("rows_waiting")),
             _lsn(t["frontier"]),
         ]
         for t in found

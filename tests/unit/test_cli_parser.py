@@ -123,6 +123,9 @@ def test_read_as_text_prints_lsns_as_postgres_does_and_cuts_long_values() -> Non
         "(-o json, csv or parquet: whole)"
     )
     assert "cut" not in cli._rows_text(rows.slice(0, 1), 1, as_of=None)
+    # a value that ends in an ellipsis of its own is not taken for a cut one
+    own = pa.table({"v": ["and so on…"]})
+    assert "cut" not in cli._rows_text(own, 1, as_of=None)
 
 
 def test_read_as_json_keeps_every_value_whole_and_lsns_as_the_api_does() -> None:
