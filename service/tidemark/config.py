@@ -204,6 +204,59 @@ class SinkSettings(_Section):
     )
 
 
+class S3Settings(_Section):
+    """The object store of an ``s3://bucket/prefix`` sink root (``tidemark.objectstore``):
+    AWS S3 or a store that speaks its API, and honours conditional writes."""
+
+    endpoint: str = Field(
+        default="",
+        description="the store's URL (empty: AWS S3 of the region); e.g. "
+        "http://127.0.0.1:9000 for a store on this host",
+    )
+    region: str = Field(default="us-east-1", description="the bucket's region")
+    path_style: bool = Field(
+        default=False,
+        description="address buckets as <endpoint>/<bucket> (most S3-compatible stores) "
+        "instead of <bucket>.<endpoint> (AWS)",
+    )
+    access_key_id: str = Field(
+        default="",
+        description="the key id (empty: the AWS chain: AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY, a credentials file and profile, an instance role)",
+    )
+    secret_access_key: SecretStr = Field(
+        default=SecretStr(""), description="its secret (prefer secret_access_key_file)"
+    )
+    secret_access_key_file: str = Field(
+        default="", description="a file holding the secret access key"
+    )
+    profile: str = Field(default="", description="the profile of the AWS credentials file to use")
+    attempts: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="tries of one request (backoff with jitter between them) before the "
+        "work it belongs to fails and is retried as a whole",
+    )
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    read_timeout_s: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _secret_from_file(self) -> S3Settings:
+        if not self.secret_access_key.get_secret_value() and self.secret_access_key_file:
+            self.secret_access_key = SecretStr(
+                read_secret_file("secret_access_key_file", self.secret_access_key_file)
+            )
+        if self.secret_access_key.get_secret_value() and not self.access_key_id:
+            raise ValueError("a secret access key without access_key_id: give both")
+        if self.access_key_id and not self.secret_access_key.get_secret_value():
+            raise ValueError(
+                "access_key_id without its secret: give secret_access_key_file (or "
+                "secret_access_key)"
+            )
+        return self
+
+
 class IcebergSettings(_Section):
     """The Iceberg catalog of ``[sink] format = "iceberg"`` (``tidemark.sink.iceberg``)."""
 
@@ -463,6 +516,7 @@ class Settings(BaseSettings):
     source: SourceSettings = Field(default_factory=SourceSettings)
     sink: SinkSettings = Field(default_factory=SinkSettings)
     iceberg: IcebergSettings = Field(default_factory=IcebergSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     flush: FlushSettings = Field(default_factory=FlushSettings)
     current: CurrentSettings = Field(default_factory=CurrentSettings)

@@ -47,8 +47,9 @@ from typing import Any, Final
 
 import structlog
 
-from tidemark.durable import write_atomically
+from tidemark import objectstore
 from tidemark.errors import SinkError, TidemarkError
+from tidemark.objectstore import Location, join
 
 log = structlog.get_logger("tidemark.fencing")
 
@@ -73,12 +74,12 @@ class LeaseUnconfirmed(SinkError):
     (a failed write is retried like any other sink failure)."""
 
 
-def leader_path(root: str | Path, instance: str = "") -> Path:
+def leader_path(root: Location, instance: str = "") -> Location:
     """The epoch file of an instance: each instance on a root (``[instance] name``) has
     its own leader, lease and epoch, beside its other state files."""
     if not instance:
-        return Path(root) / LEADER_FILE
-    return Path(root) / "_tidemark" / "instances" / instance / "leader.json"
+        return join(root, LEADER_FILE)
+    return join(root, "_tidemark", "instances", instance, "leader.json")
 
 
 def epoch_app(instance: str = "") -> str:
@@ -86,13 +87,14 @@ def epoch_app(instance: str = "") -> str:
     return f"{EPOCH_APP}:{instance}" if instance else EPOCH_APP
 
 
-def read_epoch(root: str | Path, instance: str = "") -> int:
+def read_epoch(root: Location, instance: str = "") -> int:
     """The newest epoch of ``instance`` under ``root`` (0: no leader yet)."""
     path = leader_path(root, instance)
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return 0
+        text = objectstore.read_text(path)
+        if text is None:
+            return 0
+        data = json.loads(text)
     except (OSError, ValueError) as exc:
         raise SinkError(
             f"cannot read the leader epoch at {path}: {exc}; if the file is "
@@ -101,13 +103,13 @@ def read_epoch(root: str | Path, instance: str = "") -> int:
     return int(data.get("epoch", 0))
 
 
-def advance(root: str | Path, holder: str, instance: str = "") -> int:
+def advance(root: Location, holder: str, instance: str = "") -> int:
     """Raise the epoch by one (synced) and return it; called holding the lease, so no
     two processes of one instance advance at once."""
     epoch = read_epoch(root, instance) + 1
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record = {"epoch": epoch, "holder": holder, "since": since}
-    write_atomically(leader_path(root, instance), json.dumps(record, indent=1))
+    objectstore.replace(leader_path(root, instance), json.dumps(record, indent=1))
     return epoch
 
 
@@ -115,9 +117,11 @@ class Fence:
     """What this process may write: ``epoch`` None means unfenced (no lease)."""
 
     def __init__(
-        self, root: str | Path | None = None, epoch: int | None = None, instance: str = ""
+        self, root: Location | None = None, epoch: int | None = None, instance: str = ""
     ) -> None:
-        self.root = None if root is None else Path(root)
+        self.root: Location | None = None
+        if root is not None:
+            self.root = root if objectstore.is_remote(root) else Path(root)
         self.epoch = epoch
         self.instance = instance
         self.app_id = epoch_app(instance)

@@ -5,26 +5,32 @@ An instance's state files (the shapes registry, the claims and the stream record
 folder: ``<root>/_tidemark`` for the unnamed instance, and
 ``<root>/_tidemark/instances/<name>`` for an instance with an ``[instance] name``.
 
-A leaf: paths only, so the state's owners (continuity, sink, shapes) all depend on it
-and on nothing of each other's for it.
+Locations only (a local path, or an ``s3://`` URI: ``tidemark.objectstore``), so the
+state's owners (continuity, sink, shapes) all depend on it and on nothing of each
+other's for it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from tidemark.objectstore import Location, is_remote, join, listing
 
-def state_dir(root: str | Path, instance: str = "") -> Path:
+
+def state_dir(root: Location, instance: str = "") -> Location:
     """Where an instance keeps its state (registry, claims, stream, frontiers)."""
-    base = Path(root) / "_tidemark"
-    return base / "instances" / instance if instance else base
+    base = join(root, "_tidemark")
+    return join(base, "instances", instance) if instance else base
 
 
-def instance_states(root: str | Path) -> dict[str, Path]:
+def instance_states(root: Location) -> dict[str, Location]:
     """Every instance's state folder under ``root`` ('' is the unnamed instance)."""
     base = state_dir(root)
-    found = {"": base}
-    named = base / "instances"
-    if named.is_dir():
-        found |= {p.name: p for p in sorted(named.iterdir()) if p.is_dir()}
+    found: dict[str, Location] = {"": base}
+    named = join(base, "instances")
+    if is_remote(named):
+        names = {item.name.split("/", 1)[0] for item in listing(named) if "/" in item.name}
+        found |= {name: join(named, name) for name in sorted(names)}
+    elif Path(named).is_dir():
+        found |= {p.name: p for p in sorted(Path(named).iterdir()) if p.is_dir()}
     return found

@@ -59,6 +59,7 @@ from tidemark.durable import full_disk
 from tidemark.errors import ConfigError, ShapeConflict, ShapeError, TableDamaged, UnfitValue
 from tidemark.flush.tracker import FlushTracker
 from tidemark.instance_state import instance_states, state_dir
+from tidemark.objectstore import join
 from tidemark.replication.catalog import (
     check_partition_publishing,
     has_rows,
@@ -159,7 +160,7 @@ class ShapeSet:
         self.tables = tables or table_format()
         root = settings.sink.root
         self.instance = settings.instance.name
-        self.registry = ShapeRegistry.open(state_dir(root, self.instance) / "shapes.json")
+        self.registry = ShapeRegistry.open(join(state_dir(root, self.instance), "shapes.json"))
         self.store = store or ContinuityStore(root, self.instance)
         self.tracker = tracker
         self.collector = ShapeLogCollector(
@@ -406,13 +407,14 @@ class ShapeSet:
             if other == self.instance:
                 continue
             taken = sorted(
-                mine & {r.name for r in ShapeRegistry.read(folder / "shapes.json").shapes()}
+                mine & {r.name for r in ShapeRegistry.read(join(folder, "shapes.json")).shapes()}
             )
             if taken:
                 who = f"instance '{other}'" if other else "the unnamed instance"
+                registry = join(folder, "shapes.json")
                 raise ConfigError(
                     f"shape(s) {', '.join(repr(n) for n in taken)} belong to {who} on the sink "
-                    f"root {self.settings.sink.root} (its registry: {folder / 'shapes.json'}): "
+                    f"root {self.settings.sink.root} (its registry: {registry}): "
                     "one table cannot have two writers. Name the shape otherwise here, or "
                     "remove it from that instance first"
                 )

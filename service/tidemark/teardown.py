@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
-from tidemark.errors import TidemarkError
+from tidemark.errors import ConfigError, TidemarkError
 from tidemark.lease import APPLICATION_NAME
+from tidemark.objectstore import is_remote
 from tidemark.replication.catalog import check_name
 from tidemark.replication.slot import CREATED_BY
 
@@ -140,11 +141,17 @@ def _plan_purge(settings: Settings, plan: Plan) -> None:
     from tidemark.shapes.registry import ShapeRegistry
     from tidemark.sink.root import root_format
 
+    if is_remote(settings.sink.root):
+        raise ConfigError(
+            f"teardown --purge of the object-store root {settings.sink.root} is not "
+            "supported yet: remove its objects with your store's tools (e.g. aws s3 rm "
+            "--recursive), after the slot and publication are dropped"
+        )
     root = Path(settings.sink.root)
     if not root.exists():
         return
     instance = settings.instance.name
-    state = state_dir(root, instance)
+    state = Path(state_dir(root, instance))
     registry = ShapeRegistry.open(state / "shapes.json")
     shapes = {s.name for s in registry.shapes()} | {s.name for s in settings.shapes}
     tables = root_format(root, settings.iceberg.catalog_uri or None)
@@ -163,7 +170,7 @@ def _plan_purge(settings: Settings, plan: Plan) -> None:
     others = [
         name
         for name, folder in instance_states(root).items()
-        if name != instance and (name or _holds_state(folder))
+        if name != instance and (name or _holds_state(Path(folder)))
     ]
     if instance:
         if state.exists():

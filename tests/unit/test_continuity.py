@@ -174,7 +174,7 @@ def test_callers_waiting_for_a_claims_write_share_the_next_one(
 ) -> None:
     from tidemark.continuity import store as store_module
 
-    real = store_module.write_atomically
+    real = store_module.objectstore.replace
     writes: list[str] = []
     writing = threading.Event()
 
@@ -184,7 +184,7 @@ def test_callers_waiting_for_a_claims_write_share_the_next_one(
         time.sleep(0.3)
         real(path, data, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(store_module, "write_atomically", slow)
+    monkeypatch.setattr(store_module.objectstore, "replace", slow)
     store = ContinuityStore(tmp_path)
     store.record_claim("a", FENCE, 1)
     first = threading.Thread(target=store.write_claims)

@@ -39,13 +39,13 @@ from typing import Any
 
 import structlog
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.continuity.fence import SnapshotFence
 from tidemark.continuity.rule import StreamRecord
-from tidemark.durable import write_atomically
 from tidemark.errors import ConfigError
 from tidemark.instance_state import state_dir
 from tidemark.lsn import format_lsn
+from tidemark.objectstore import Location, join
 
 log = structlog.get_logger("tidemark.continuity")
 
@@ -106,11 +106,12 @@ def _compact(value: Any) -> str:
 
 
 class ContinuityStore:
-    def __init__(self, root: str | Path, instance: str = "") -> None:
+    def __init__(self, root: Location, instance: str = "") -> None:
         folder = state_dir(root, instance)
-        self.stream_path = folder / "stream.json"
-        self.claims_path = folder / "claims.json"
-        self._legacy_path = folder / "backfills.json"
+        self.folder = folder
+        self.stream_path = join(folder, "stream.json")
+        self.claims_path = join(folder, "claims.json")
+        self._legacy_path = join(folder, "backfills.json")
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._claims: dict[str, Claim] = {}
@@ -138,10 +139,13 @@ class ContinuityStore:
 
     def _load(self) -> None:
         try:
-            if self.stream_path.exists():
-                self.stream = StreamRecord.from_json(json.loads(self.stream_path.read_text()))
-            if self.claims_path.exists():
-                data = json.loads(self.claims_path.read_text())
+            stream = objectstore.read_text(self.stream_path)
+            if stream is not None:
+                self.stream = StreamRecord.from_json(json.loads(stream))
+            claims = objectstore.read_text(self.claims_path)
+            legacy = None if claims is not None else objectstore.read_text(self._legacy_path)
+            if claims is not None:
+                data = json.loads(claims)
                 if int(data.get("version", 0)) > FORMAT_VERSION:
                     raise ConfigError(
                         f"{self.claims_path} was written by a newer tidemark "
@@ -151,14 +155,14 @@ class ContinuityStore:
                     self._claims[name] = Claim.from_json(entry)
                 for name, entry in data.get("invalidations", {}).items():
                     self._invalidations[name] = Invalidation(float(entry["at"]), entry["reason"])
-            elif self._legacy_path.exists():  # round 1: backfills.json, no epochs
-                data = json.loads(self._legacy_path.read_text())
+            elif legacy is not None:  # round 1: backfills.json, no epochs
+                data = json.loads(legacy)
                 for name, entry in data.get("shapes", {}).items():
                     self._claims[name] = Claim.from_json(entry)
                 self._claims_version = 1  # rewrite as claims.json on the next write
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(
-                f"the continuity state under {self.claims_path.parent} is unreadable ({exc}): "
+                f"the continuity state under {self.folder} is unreadable ({exc}): "
                 "restore it, or move the folder away to rebuild every shape from a snapshot"
             ) from exc
 
@@ -256,9 +260,9 @@ class ContinuityStore:
                 if version <= self._claims_written:
                     return
                 text = self._claims_text()
-            write_atomically(self.claims_path, text, check=fencing.check)
+            objectstore.replace(self.claims_path, text, check=fencing.check)
             self._claims_written = version
-        if self._legacy_path.exists():
+        if isinstance(self._legacy_path, Path) and self._legacy_path.exists():
             with contextlib.suppress(OSError):
                 self._legacy_path.unlink()
 
@@ -289,7 +293,7 @@ class ContinuityStore:
         with self._write_lock:
             if version <= self._stream_written:
                 return
-            write_atomically(
+            objectstore.replace(
                 self.stream_path, json.dumps(record.to_json(), indent=1), check=fencing.check
             )
             self._stream_written = version

@@ -41,15 +41,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from tidemark import fencing
-from tidemark.durable import remove_stale_temporaries, write_atomically
+from tidemark import fencing, objectstore
+from tidemark.durable import remove_stale_temporaries
 from tidemark.errors import ConfigError, ShapeError, TidemarkError
+from tidemark.objectstore import Location, is_remote
 from tidemark.predicates.compiler import predicate_sql
 from tidemark.shapes.model import ShapeDefinition
 
@@ -94,7 +94,7 @@ def _canonical(d: ShapeDefinition) -> tuple[Any, ...]:
 class ShapeRegistry:
     """The durable set of shape definitions (see the module docstring)."""
 
-    def __init__(self, path: Path, shapes: Iterable[RegisteredShape] = ()) -> None:
+    def __init__(self, path: Location, shapes: Iterable[RegisteredShape] = ()) -> None:
         """Use ``open``; this does not read or write the file."""
         self._path = path
         self._shapes: dict[str, RegisteredShape] = {s.name: s for s in shapes}
@@ -103,23 +103,24 @@ class ShapeRegistry:
     # -- loading -----------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> ShapeRegistry:
+    def open(cls, path: Location) -> ShapeRegistry:
         """Load this instance's registry stored at ``path`` (a missing file is an empty
         registry), removing temp files its earlier writes left."""
-        remove_stale_temporaries(Path(path))
+        if not is_remote(path):
+            remove_stale_temporaries(Path(path))
         return cls.read(path)
 
     @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> ShapeRegistry:
+    def read(cls, path: Location) -> ShapeRegistry:
         """Load the registry at ``path`` and touch nothing: another instance's (a temp
         file beside it may be that instance's write under way)."""
-        file = Path(path)
+        file = path if is_remote(path) else Path(path)
         try:
-            text = file.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return cls(file)
-        except OSError as e:
+            text = objectstore.read_text(file)
+        except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"cannot read the shape registry {file}: {e}") from e
+        if text is None:
+            return cls(file)
         return cls(file, _decode(file, text))
 
     def reload(self) -> None:
@@ -129,7 +130,7 @@ class ShapeRegistry:
     # -- reading -----------------------------------------------------------------
 
     @property
-    def path(self) -> Path:
+    def path(self) -> Location:
         return self._path
 
     def get(self, name: str) -> RegisteredShape | None:
@@ -251,7 +252,7 @@ class ShapeRegistry:
 
     def _commit(self, updated: dict[str, RegisteredShape], gone: Sequence[str]) -> None:
         """Persist ``updated``, then make it current, then tell the listeners."""
-        write_atomically(self._path, _encode(updated.values()), check=fencing.check)
+        objectstore.replace(self._path, _encode(updated.values()), check=fencing.check)
         self._shapes = updated
         for name in sorted(gone):
             for listener in list(self._removed_listeners):
@@ -277,7 +278,7 @@ def _encode(shapes: Iterable[RegisteredShape]) -> bytes:
     return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
 
 
-def _decode(path: Path, text: str) -> list[RegisteredShape]:
+def _decode(path: Location, text: str) -> list[RegisteredShape]:
     def broken(why: str) -> ConfigError:
         return ConfigError(
             f"the shape registry {path} is not valid ({why}); restore it from a backup, or "

@@ -24,13 +24,12 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from tidemark import fencing
-from tidemark.durable import write_atomically
+from tidemark import fencing, objectstore
 from tidemark.errors import SinkError
 from tidemark.instance_state import instance_states, state_dir
 from tidemark.lsn import format_lsn
+from tidemark.objectstore import Location, join
 
 FORMAT_VERSION = 1
 
@@ -85,23 +84,22 @@ class Frontiers:
         return cls(int(data["durable_lsn"]), shapes, float(data.get("updated_at", 0)))
 
 
-def frontiers_path(root: str | Path, instance: str = "") -> Path:
-    return state_dir(root, instance) / "frontiers.json"
+def frontiers_path(root: Location, instance: str = "") -> Location:
+    return join(state_dir(root, instance), "frontiers.json")
 
 
-def _load(path: Path) -> Frontiers | None:
-    try:
-        return Frontiers.from_json(path.read_text())
-    except FileNotFoundError:
-        return None
+def _load(path: Location) -> Frontiers | None:
+    text = objectstore.read_text(path)
+    return None if text is None else Frontiers.from_json(text)
 
 
-def load_frontiers(root: str | Path, instance: str | None = None) -> Frontiers | None:
+def load_frontiers(root: Location, instance: str | None = None) -> Frontiers | None:
     """One instance's frontiers, or (``instance=None``) every instance's shapes in one
     view, whose ``durable_lsn`` is the lowest of theirs."""
     if instance is not None:
         return _load(frontiers_path(root, instance))
-    parts = [f for p in instance_states(root).values() if (f := _load(p / "frontiers.json"))]
+    states = instance_states(root).values()
+    parts = [f for p in states if (f := _load(join(p, "frontiers.json")))]
     if not parts:
         return None
     if len(parts) == 1:
@@ -112,6 +110,6 @@ def load_frontiers(root: str | Path, instance: str | None = None) -> Frontiers |
     return Frontiers(min(p.durable_lsn for p in parts), shapes, max(p.updated_at for p in parts))
 
 
-def store_frontiers(root: str | Path, frontiers: Frontiers, instance: str = "") -> None:
+def store_frontiers(root: Location, frontiers: Frontiers, instance: str = "") -> None:
     stamped = Frontiers(frontiers.durable_lsn, dict(frontiers.shapes), time.time())
-    write_atomically(frontiers_path(root, instance), stamped.to_json(), check=fencing.check)
+    objectstore.replace(frontiers_path(root, instance), stamped.to_json(), check=fencing.check)

@@ -10,9 +10,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidemark import objectstore
 from tidemark.conninfo import redact_dsn
-from tidemark.durable import write_atomically
 from tidemark.errors import ConfigError, SinkError
+from tidemark.objectstore import Location, is_remote, join
 from tidemark.sink import TableFormat, table_format
 
 if TYPE_CHECKING:
@@ -22,22 +23,23 @@ FORMAT_FILE = "_tidemark/format.json"
 CATALOG_ENV = "TIDEMARK_ICEBERG__CATALOG_URI"
 
 
-def _record(root: str | Path) -> dict[str, Any]:
-    path = Path(root) / FORMAT_FILE
+def _record(root: Location) -> dict[str, Any]:
+    path = join(root, FORMAT_FILE)
     try:
-        return dict(json.loads(path.read_text()))
-    except FileNotFoundError:
-        return {}
+        text = objectstore.read_text(path)
+        return {} if text is None else dict(json.loads(text))
     except (OSError, ValueError) as exc:
         raise SinkError(f"cannot read {path}: {exc}") from exc
 
 
-def _holds_delta(root: str | Path) -> bool:
+def _holds_delta(root: Location) -> bool:
+    if is_remote(root):
+        return False  # (an object-store root always has its record: round 4 on)
     tables = Path(root) / "tables"
     return tables.is_dir() and any((p / "_delta_log").is_dir() for p in tables.iterdir())
 
 
-def claim_root(root: str | Path, name: str, iceberg: IcebergSettings | None) -> TableFormat:
+def claim_root(root: Location, name: str, iceberg: IcebergSettings | None) -> TableFormat:
     """At start: the format ``name`` for ``root``, its catalog reached (Iceberg), and
     recorded under the root; ``ConfigError`` when the root holds another format."""
     held = _record(root).get("format") or ("delta" if _holds_delta(root) else None)
@@ -57,11 +59,11 @@ def claim_root(root: str | Path, name: str, iceberg: IcebergSettings | None) -> 
             "namespace": iceberg.namespace,
         }
     if _record(root) != record:
-        write_atomically(Path(root) / FORMAT_FILE, json.dumps(record, indent=1))
+        objectstore.replace(join(root, FORMAT_FILE), json.dumps(record, indent=1))
     return fmt
 
 
-def root_format(root: str | Path, catalog_uri: str | None = None) -> TableFormat:
+def root_format(root: Location, catalog_uri: str | None = None) -> TableFormat:
     """The format of the tables under ``root``, for a reader: as the service recorded
     it (a root without a record: Delta). An Iceberg catalog whose URI holds a password
     is not recorded with it: pass ``catalog_uri`` or set ``TIDEMARK_ICEBERG__CATALOG_URI``."""

@@ -1,0 +1,486 @@
+"""Where a sink root's files are: a local folder, or an S3 bucket and prefix.
+
+A *location* is a local path (``str`` or ``Path``) or an ``s3://bucket/key`` URI
+(always a ``str``: ``Path`` would fold its ``//``). ``join`` builds locations under a
+root of either kind; the other functions read and write one whole object:
+
+- ``read``: its bytes, or None when it does not exist;
+- ``replace``: the object made to hold ``data``, whole (a reader sees the old bytes or
+  the new ones), durable when the call returns. Local: ``durable.write_atomically``.
+  S3: one PUT that is conditional on what this process last saw of the key:
+  ``If-Match`` on the ETag it read or wrote last, ``If-None-Match: *`` when it saw the
+  key absent. Another writer's PUT in between (a new leader's, this process being
+  deposed while paused) makes the store itself refuse ours: ``StoreConflict``. A key
+  this process has never seen is looked at (HEAD) first and taken as it is;
+- ``put_if_absent``: creates the object unless the key exists (False then): a Delta
+  log entry. Local: ``durable.publish_new``; S3: ``If-None-Match: *``;
+- ``listing`` and ``delete`` for folders of files (a batch's data files, leftovers).
+
+Durable on S3 means the PUT returned success: S3 (and every compatible store tidemark
+is tested against) makes an object visible and durable together, so there is nothing
+to sync. A retried PUT whose first attempt succeeded but whose reply was lost meets its
+own object: a refusal (412) is checked against the stored bytes before it is taken
+for another writer's, so a retry is never mistaken for a conflict.
+
+Retries: botocore's ``standard`` mode (exponential backoff with full jitter, on
+throttling such as ``503 SlowDown``, 5xx replies, timeouts and broken connections), up
+to ``S3Settings.attempts`` tries; what still fails raises ``StoreUnavailable`` naming
+the store, and the caller's own retry (a flush round's) takes over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from tidemark import durable
+from tidemark.errors import SinkError
+
+Location = str | Path
+SCHEME: Final = "s3://"
+_ABSENT: Final = ""  # the remembered tag of a key seen absent
+
+
+class StoreConflict(SinkError):
+    """The store refused a conditional write: another writer created or replaced the
+    object since this process last saw it."""
+
+
+class StoreUnavailable(SinkError):
+    """The object store could not be reached, or refused the request, after retries."""
+
+
+def is_remote(location: Location) -> bool:
+    return isinstance(location, str) and location.startswith(SCHEME)
+
+
+def join(root: Location, *parts: str) -> Location:
+    """``root``/``parts``: a ``Path`` for a local root, an ``s3://`` URI for a remote one."""
+    if is_remote(root):
+        assert isinstance(root, str)
+        return posixpath.join(root.rstrip("/"), *parts)
+    return Path(root).joinpath(*parts)
+
+
+def split(uri: str) -> tuple[str, str]:
+    """``s3://bucket/key`` -> (bucket, key); the key has no leading slash."""
+    bucket, _, key = uri[len(SCHEME) :].partition("/")
+    return bucket, key.strip("/")
+
+
+def s3a(location: Location) -> str:
+    """The location as Spark's Hadoop names it (``s3a://`` for S3, the path for disk)."""
+    if is_remote(location):
+        return "s3a://" + str(location)[len(SCHEME) :]
+    return str(location)
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One object (file) below a listed location."""
+
+    name: str  # relative to the listed location, '/'-separated
+    size: int
+    modified_ms: int
+
+
+# ---- the S3 side -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class S3Access:
+    """How to reach the store: what ``[s3]`` says, credentials resolved."""
+
+    endpoint: str = ""
+    region: str = "us-east-1"
+    path_style: bool = False
+    access_key_id: str = ""
+    secret_access_key: str = ""
+    session_token: str = ""
+    profile: str = ""
+    attempts: int = 5
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+
+    def __repr__(self) -> str:  # never the secret
+        return f"S3Access(endpoint={self.endpoint!r}, region={self.region!r})"
+
+    @classmethod
+    def from_settings(cls, s3: Any) -> S3Access:
+        """From ``[s3]`` (``tidemark.config.S3Settings``: not imported, config is above)."""
+        secret = s3.secret_access_key.get_secret_value()
+        return cls(
+            endpoint=s3.endpoint,
+            region=s3.region,
+            path_style=s3.path_style,
+            access_key_id=s3.access_key_id,
+            secret_access_key=secret,
+            profile=s3.profile,
+            attempts=s3.attempts,
+            connect_timeout_s=s3.connect_timeout_s,
+            read_timeout_s=s3.read_timeout_s,
+        )
+
+    def credentials(self) -> tuple[str, str, str]:
+        """(key id, secret, session token) as the AWS chain finds them: ``[s3]``'s own,
+        else the environment, a credentials file (``profile``), an instance role."""
+        if self.access_key_id and self.secret_access_key:
+            return self.access_key_id, self.secret_access_key, self.session_token
+        import boto3
+
+        found = boto3.Session(profile_name=self.profile or None).get_credentials()
+        if found is None:
+            raise SinkError(
+                "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a "
+                "credentials file ([s3] profile or AWS_PROFILE), or [s3] access_key_id "
+                "with secret_access_key_file"
+            )
+        frozen = found.get_frozen_credentials()
+        return frozen.access_key, frozen.secret_key, frozen.token or ""
+
+    def client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        key, secret, token = self.credentials()
+        config = Config(
+            s3={"addressing_style": "path" if self.path_style else "auto"},
+            connect_timeout=self.connect_timeout_s,
+            read_timeout=self.read_timeout_s,
+            retries={"mode": "standard", "total_max_attempts": self.attempts},
+            max_pool_connections=64,
+            # a conditional PUT is refused with 412, never retried as a checksum error
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint or None,
+            region_name=self.region,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            aws_session_token=token or None,
+            config=config,
+        )
+
+    def hadoop_conf(self) -> dict[str, str]:
+        """S3A's settings for this store (``spark.hadoop.`` keys). The secret is in
+        them: Spark redacts keys that name a secret in its UI and logs."""
+        key, secret, token = self.credentials()
+        conf = {
+            "fs.s3a.endpoint.region": self.region,
+            "fs.s3a.path.style.access": str(self.path_style).lower(),
+            "fs.s3a.access.key": key,
+            "fs.s3a.secret.key": secret,
+            # what S3A buffers a part of an upload in: memory (its disk buffer goes
+            # through the local filesystem tidemark's session replaces)
+            "fs.s3a.fast.upload.buffer": "bytebuffer",
+            "fs.s3a.attempts.maximum": str(self.attempts),
+            "fs.s3a.retry.limit": str(self.attempts),
+        }
+        if token:
+            conf["fs.s3a.session.token"] = token
+            conf["fs.s3a.aws.credentials.provider"] = (
+                "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+            )
+        if self.endpoint:
+            conf["fs.s3a.endpoint"] = self.endpoint
+            conf["fs.s3a.connection.ssl.enabled"] = str(
+                self.endpoint.startswith("https://")
+            ).lower()
+        return conf
+
+    def storage_options(self) -> dict[str, str]:
+        """The same store for ``deltalake`` and Polars (object_store's keys)."""
+        key, secret, token = self.credentials()
+        options = {
+            "AWS_ACCESS_KEY_ID": key,
+            "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_REGION": self.region,
+            "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": str(not self.path_style).lower(),
+        }
+        if token:
+            options["AWS_SESSION_TOKEN"] = token
+        if self.endpoint:
+            options["AWS_ENDPOINT_URL"] = self.endpoint
+            if self.endpoint.startswith("http://"):
+                options["AWS_ALLOW_HTTP"] = "true"
+        return options
+
+
+class _S3:
+    """The process's S3 client and what it last saw of each key (its ETag)."""
+
+    def __init__(self) -> None:
+        self.access: S3Access | None = None
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._tags: dict[str, str] = {}  # uri -> ETag last read or written ('' absent)
+
+    def configure(self, access: S3Access | None) -> None:
+        with self._lock:
+            self.access = access
+            self._client = None
+            self._tags.clear()
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                if self.access is None:
+                    raise SinkError(
+                        "an s3:// location, and no [s3] settings: set [sink] root in a "
+                        "configuration with an [s3] section (its endpoint and region)"
+                    )
+                self._client = self.access.client()
+            return self._client
+
+    def seen(self, uri: str, tag: str) -> None:
+        with self._lock:
+            self._tags[uri] = tag
+
+    def tag(self, uri: str) -> str | None:
+        with self._lock:
+            return self._tags.get(uri)
+
+
+_STORE = _S3()
+
+
+def configure(access: S3Access | None) -> None:
+    """The store ``s3://`` locations are on for this process (None: none)."""
+    _STORE.configure(access)
+
+
+def s3_access() -> S3Access | None:
+    return _STORE.access
+
+
+def _failed(action: str, uri: str, exc: Exception) -> SinkError:
+    """What a failed request says: the store, the key, and what to do."""
+    code, status = _error_code(exc)
+    if code in ("NoSuchBucket",):
+        bucket = split(uri)[0]
+        return StoreUnavailable(
+            f"cannot {action} {uri}: the bucket {bucket!r} does not exist: create it, or "
+            "set [sink] root to an existing bucket"
+        )
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied") or status == 403:
+        return StoreUnavailable(
+            f"cannot {action} {uri}: the store refused the credentials ({code or status}): "
+            "check [s3] access_key_id and its secret (or AWS_ACCESS_KEY_ID/"
+            "AWS_SECRET_ACCESS_KEY), and that they may read, write, list and delete "
+            "under the root"
+        )
+    what = f"{code or type(exc).__name__}: {exc}"
+    endpoint = (_STORE.access.endpoint if _STORE.access else "") or "AWS"
+    return StoreUnavailable(
+        f"cannot {action} {uri} after retries ({what}); is the store at {endpoint} "
+        "reachable? The work is retried, and nothing past it is acknowledged meanwhile"
+    )
+
+
+def _error_code(exc: Exception) -> tuple[str, int]:
+    response = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code, status
+
+
+def _is_missing(exc: Exception) -> bool:
+    code, status = _error_code(exc)
+    return code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket")
+
+
+def _is_refused(exc: Exception) -> bool:
+    code, status = _error_code(exc)
+    return status == 412 or code in ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _get(uri: str) -> tuple[bytes, str] | None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split(uri)
+    try:
+        reply = _STORE.client().get_object(Bucket=bucket, Key=key)
+        return reply["Body"].read(), reply["ETag"]
+    except ClientError as exc:
+        if _is_missing(exc):
+            return None
+        raise _failed("read", uri, exc) from None
+    except BotoCoreError as exc:
+        raise _failed("read", uri, exc) from None
+
+
+def _head_tag(uri: str) -> str:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split(uri)
+    try:
+        return str(_STORE.client().head_object(Bucket=bucket, Key=key)["ETag"])
+    except ClientError as exc:
+        if _is_missing(exc):
+            return _ABSENT
+        raise _failed("look at", uri, exc) from None
+    except BotoCoreError as exc:
+        raise _failed("look at", uri, exc) from None
+
+
+def _put(uri: str, data: bytes, condition: dict[str, str]) -> str | None:
+    """One PUT; its new ETag, or None when the condition refused it (after checking
+    that the object refused against is not this very write, retried)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split(uri)
+    try:
+        reply = _STORE.client().put_object(Bucket=bucket, Key=key, Body=data, **condition)
+        return str(reply["ETag"])
+    except ClientError as exc:
+        if not _is_refused(exc):
+            raise _failed("write", uri, exc) from None
+    except BotoCoreError as exc:
+        raise _failed("write", uri, exc) from None
+    held = _get(uri)
+    if held is not None and held[0] == data:
+        return held[1]  # a retry of our own PUT, whose first attempt was stored
+    return None
+
+
+# ---- one API for both -----------------------------------------------------------
+
+
+def read(location: Location) -> bytes | None:
+    """The object's bytes, None when it does not exist."""
+    if is_remote(location):
+        uri = str(location)
+        got = _get(uri)
+        _STORE.seen(uri, _ABSENT if got is None else got[1])
+        return None if got is None else got[0]
+    try:
+        return Path(location).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def read_text(location: Location) -> str | None:
+    data = read(location)
+    return None if data is None else data.decode("utf-8")
+
+
+def exists(location: Location) -> bool:
+    if is_remote(location):
+        return _head_tag(str(location)) != _ABSENT
+    return Path(location).exists()
+
+
+def replace(
+    location: Location, data: str | bytes, *, check: Callable[[], None] | None = None
+) -> None:
+    """Make ``location`` hold ``data``, whole and durable (see the module docstring);
+    ``check`` (a fence) is called before the write, and for a local file again right
+    before its rename. ``StoreConflict`` when another writer replaced it first (S3)."""
+    raw = data.encode() if isinstance(data, str) else data
+    if not is_remote(location):
+        durable.write_atomically(Path(location), raw, check=check)
+        return
+    uri = str(location)
+    if check is not None:
+        check()
+    tag = _STORE.tag(uri)
+    if tag is None:
+        tag = _head_tag(uri)
+    condition = {"IfNoneMatch": "*"} if tag == _ABSENT else {"IfMatch": tag}
+    new = _put(uri, raw, condition)
+    if new is None:
+        raise StoreConflict(
+            f"another writer replaced {uri} since this process read it: this process "
+            "stops writing under the sink root (run one tidemark per slot and sink root; "
+            "a deposed leader's writes are refused by the store)"
+        )
+    _STORE.seen(uri, new)
+
+
+def put_if_absent(location: Location, data: bytes) -> bool:
+    """Create ``location`` holding ``data`` unless it exists (False then), durably."""
+    if not is_remote(location):
+        path = Path(location)
+        fd, temp = tempfile.mkstemp(
+            prefix=f".{path.name}.", suffix=durable.TEMP_SUFFIX, dir=path.parent
+        )
+        os.close(fd)
+        os.unlink(temp)
+        durable.write_synced(Path(temp), data)
+        return durable.publish_new(Path(temp), path)
+    uri = str(location)
+    new = _put(uri, data, {"IfNoneMatch": "*"})
+    if new is None:
+        return False
+    _STORE.seen(uri, new)
+    return True
+
+
+def listing(location: Location) -> list[Listed]:
+    """Every file below ``location`` (recursively), by name."""
+    if not is_remote(location):
+        top = Path(location)
+        found = []
+        for folder, _, names in os.walk(top):
+            for name in names:
+                path = Path(folder) / name
+                st = path.stat()
+                rel = path.relative_to(top).as_posix()
+                found.append(Listed(rel, st.st_size, int(st.st_mtime * 1000)))
+        return sorted(found, key=lambda f: f.name)
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    uri = str(location)
+    bucket, prefix = split(uri)
+    prefix = prefix + "/" if prefix else ""
+    found = []
+    try:
+        pages = _STORE.client().get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", ()):
+                found.append(
+                    Listed(
+                        item["Key"][len(prefix) :],
+                        int(item["Size"]),
+                        int(item["LastModified"].timestamp() * 1000),
+                    )
+                )
+    except (ClientError, BotoCoreError) as exc:
+        raise _failed("list", uri, exc) from None
+    return sorted(found, key=lambda f: f.name)
+
+
+def delete(locations: Iterable[Location]) -> None:
+    """Remove files (a missing one is no error); for S3 up to 1000 in one request."""
+    remote: dict[str, list[str]] = {}
+    for location in locations:
+        if is_remote(location):
+            bucket, key = split(str(location))
+            remote.setdefault(bucket, []).append(key)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                Path(location).unlink()
+    if not remote:
+        return
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    for bucket, keys in remote.items():
+        for start in range(0, len(keys), 1000):
+            chunk = [{"Key": k} for k in keys[start : start + 1000]]
+            try:
+                _STORE.client().delete_objects(
+                    Bucket=bucket, Delete={"Objects": chunk, "Quiet": True}
+                )
+            except (ClientError, BotoCoreError) as exc:
+                raise _failed("delete", f"{SCHEME}{bucket}/{chunk[0]['Key']}", exc) from None
+        for key in keys:
+            _STORE.seen(f"{SCHEME}{bucket}/{key}", _ABSENT)

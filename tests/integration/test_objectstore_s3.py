@@ -1,0 +1,215 @@
+"""``tidemark.objectstore`` against a real S3 server (S3Proxy) behind a real proxy.
+
+What an ``s3://`` sink root's state files and Delta log entries rest on: a replace is
+refused by the store itself once another writer replaced the object (If-Match on the
+ETag this process saw), a put-if-absent is made once among racing writers, a PUT whose
+reply was lost and that is retried is recognised as this process's own (not taken for
+another writer's), and an unreachable store, wrong credentials or a missing bucket fail
+with a message that says what to do. No Postgres, no Spark.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidemark import objectstore
+from tidemark.objectstore import S3Access, StoreConflict, StoreUnavailable
+
+from .object_store_support import (
+    IDENTITY,
+    REGION,
+    Proxy,
+    S3Proxy,
+    object_store,
+    require_object_store,
+    s3_client,
+)
+
+BUCKET = "state"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Proxy, Proxy]]:
+    require_object_store()
+    with object_store(tmp_path_factory.mktemp("objectstore"), BUCKET) as pair:
+        yield pair
+
+
+def access(server: S3Proxy, endpoint: str, **changes: Any) -> S3Access:
+    fields: dict[str, Any] = {
+        "endpoint": endpoint,
+        "region": REGION,
+        "path_style": True,
+        "access_key_id": server.identity,
+        "secret_access_key": server.credential,
+        "attempts": 3,
+        "connect_timeout_s": 1.0,
+        "read_timeout_s": 2.0,
+    }
+    return S3Access(**(fields | changes))
+
+
+@pytest.fixture
+def proxy(store: tuple[S3Proxy, Proxy]) -> Iterator[Proxy]:
+    server, proxy = store
+    objectstore.configure(access(server, proxy.endpoint))
+    yield proxy
+    proxy.clear()
+    objectstore.configure(None)
+
+
+def uri(name: str = "") -> str:
+    return f"s3://{BUCKET}/t-{secrets.token_hex(5)}/{name or 'f.json'}"
+
+
+def test_read_replace_put_if_absent_listing_delete(proxy: Proxy) -> None:
+    target = uri("_tidemark/frontiers.json")
+    assert objectstore.read(target) is None
+    assert not objectstore.exists(target)
+    objectstore.replace(target, "one")
+    objectstore.replace(target, "two")
+    assert objectstore.read_text(target) == "two"
+    entry = objectstore.join(target.rsplit("/", 2)[0], "_delta_log", "00000000000000000000.json")
+    assert objectstore.put_if_absent(entry, b"v0")
+    assert not objectstore.put_if_absent(entry, b"other")
+    assert objectstore.read(entry) == b"v0"
+    top = target.rsplit("/", 2)[0]
+    listed = objectstore.listing(top)
+    assert [(f.name, f.size) for f in listed] == [
+        ("_delta_log/00000000000000000000.json", 2),
+        ("_tidemark/frontiers.json", 3),
+    ]
+    objectstore.delete([entry, objectstore.join(top, "never-there")])
+    assert [f.name for f in objectstore.listing(top)] == ["_tidemark/frontiers.json"]
+
+
+def test_a_replace_after_another_writers_is_refused_by_the_store(
+    store: tuple[S3Proxy, Proxy], proxy: Proxy
+) -> None:
+    """A deposed leader read the file, a new leader replaced it: the old one's write is
+    refused by the store (412), whatever its own checks said, and changes nothing."""
+    server = store[0]
+    target = uri()
+    objectstore.replace(target, "old leader")
+    other = s3_client(server.endpoint)
+    bucket, key = objectstore.split(target)
+    other.put_object(Bucket=bucket, Key=key, Body=b"new leader")
+    with pytest.raises(StoreConflict, match="another writer replaced"):
+        objectstore.replace(target, "stale")
+    assert objectstore.read(target) == b"new leader"  # (and this process saw it now)
+    objectstore.replace(target, "after reading it")
+    assert objectstore.read(target) == b"after reading it"
+
+
+def test_a_create_after_another_writers_is_refused(
+    store: tuple[S3Proxy, Proxy], proxy: Proxy
+) -> None:
+    target = uri()
+    assert objectstore.read(target) is None  # seen absent
+    bucket, key = objectstore.split(target)
+    s3_client(store[0].endpoint).put_object(Bucket=bucket, Key=key, Body=b"theirs")
+    with pytest.raises(StoreConflict):
+        objectstore.replace(target, "mine")
+    assert objectstore.read(target) == b"theirs"
+
+
+def test_racing_put_if_absent_makes_one_version(proxy: Proxy) -> None:
+    entry = uri("_delta_log/00000000000000000007.json")
+    won: list[bytes] = []
+    start = threading.Barrier(8)
+
+    def commit(i: int) -> None:
+        data = f"writer {i}".encode()
+        start.wait()
+        if objectstore.put_if_absent(entry, data):
+            won.append(data)
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    assert objectstore.read(entry) == won[0]
+
+
+def test_a_retried_put_whose_reply_was_lost_is_taken_as_made(
+    store: tuple[S3Proxy, Proxy], proxy: Proxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server stores the entry but its reply never comes (the proxy swallows it):
+    the client times out and retries, the store refuses the retry (the key exists), and
+    the refusal is recognised as this very write, not another writer's."""
+    server = store[0]
+    entry = uri("_delta_log/00000000000000000003.json")
+    bucket, key = objectstore.split(entry)
+    stored = server.basedir / bucket / key
+    looked: list[str] = []
+    real_get = objectstore._get
+
+    def spy(location: str) -> Any:
+        looked.append(location)
+        return real_get(location)
+
+    monkeypatch.setattr(objectstore, "_get", spy)
+    # requests reach the server, replies stop
+    toxic = proxy.add_toxic("timeout", {"timeout": 0}, stream="downstream")
+    outcome: list[object] = []
+
+    def commit() -> None:
+        try:
+            outcome.append(objectstore.put_if_absent(entry, b"the entry"))
+        except Exception as exc:  # (reported below)
+            outcome.append(exc)
+
+    worker = threading.Thread(target=commit)
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not stored.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stored.exists(), "the first attempt never reached the server"
+    time.sleep(2.5)  # past the read timeout (2 s): the client retried meanwhile
+    proxy.remove_toxic(toxic)
+    worker.join(30)
+    assert outcome == [True]
+    assert looked == [entry]  # the retry was refused (412) and the stored bytes compared
+    assert objectstore.read(entry) == b"the entry"
+
+
+def test_a_partition_fails_with_a_clear_message_and_heals(proxy: Proxy) -> None:
+    target = uri()
+    objectstore.replace(target, "before")
+    with proxy.partitioned():
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="reachable") as caught:
+            objectstore.replace(target, "during")
+        assert time.monotonic() - started < 15  # 3 tries, 1 s connect timeout, backoff
+        assert "retried" in str(caught.value)
+    objectstore.replace(target, "after")
+    assert objectstore.read(target) == b"after"
+
+
+def test_wrong_credentials_and_a_missing_bucket_say_what_to_do(
+    store: tuple[S3Proxy, Proxy], proxy: Proxy
+) -> None:
+    server = store[0]
+    objectstore.configure(access(server, proxy.endpoint, secret_access_key="wrong"))
+    with pytest.raises(StoreUnavailable, match=r"refused the credentials.*access_key_id"):
+        objectstore.read(uri())
+    objectstore.configure(access(server, proxy.endpoint))
+    with pytest.raises(StoreUnavailable, match=r"bucket 'no-such-bucket' does not exist"):
+        objectstore.replace("s3://no-such-bucket/x.json", "x")
+    assert IDENTITY not in repr(objectstore.s3_access())
+    assert server.credential not in repr(objectstore.s3_access())
+
+
+def test_the_s3_access_is_never_printed(store: tuple[S3Proxy, Proxy], tmp_path: Path) -> None:
+    server = store[0]
+    shown = repr(access(server, "http://127.0.0.1:1"))
+    assert server.credential not in shown

@@ -1,0 +1,63 @@
+"""The object-store API on a local root: the same calls an ``s3://`` root answers
+(``tests/integration/test_objectstore_s3.py``), kept on ``durable``'s primitives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidemark import objectstore
+from tidemark.objectstore import join, split
+
+
+def test_join_keeps_an_s3_uri_whole_and_a_local_root_a_path(tmp_path: Path) -> None:
+    assert join("s3://lake/pre/", "_tidemark", "x.json") == "s3://lake/pre/_tidemark/x.json"
+    assert join(tmp_path, "_tidemark", "x.json") == tmp_path / "_tidemark" / "x.json"
+    assert join(str(tmp_path), "a") == tmp_path / "a"
+    assert split("s3://lake/pre/a.json") == ("lake", "pre/a.json")
+    assert split("s3://lake") == ("lake", "")
+    assert objectstore.s3a("s3://lake/pre") == "s3a://lake/pre"
+    assert objectstore.s3a(tmp_path) == str(tmp_path)
+
+
+def test_read_replace_and_put_if_absent_on_disk(tmp_path: Path) -> None:
+    target = tmp_path / "state" / "f.json"
+    assert objectstore.read(target) is None
+    objectstore.replace(target, "one")
+    assert objectstore.read_text(target) == "one"
+    objectstore.replace(target, b"two")
+    assert objectstore.read(target) == b"two"
+    entry = tmp_path / "state" / "00000000000000000001.json"
+    assert objectstore.put_if_absent(entry, b"first")
+    assert not objectstore.put_if_absent(entry, b"second")
+    assert entry.read_bytes() == b"first"
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [entry.name, "f.json"]
+
+
+def test_a_fence_that_refuses_stops_a_local_replace(tmp_path: Path) -> None:
+    target = tmp_path / "f.json"
+    objectstore.replace(target, "mine")
+
+    def deposed() -> None:
+        raise RuntimeError("deposed")
+
+    with pytest.raises(RuntimeError):
+        objectstore.replace(target, "stale", check=deposed)
+    assert target.read_text() == "mine"
+
+
+def test_listing_and_delete_on_disk(tmp_path: Path) -> None:
+    (tmp_path / "data" / "b1").mkdir(parents=True)
+    (tmp_path / "data" / "b1" / "part-0.parquet").write_bytes(b"x" * 3)
+    (tmp_path / "data" / "top.txt").write_bytes(b"")
+    found = objectstore.listing(tmp_path / "data")
+    assert [(f.name, f.size) for f in found] == [("b1/part-0.parquet", 3), ("top.txt", 0)]
+    objectstore.delete([tmp_path / "data" / "top.txt", tmp_path / "data" / "missing"])
+    assert [f.name for f in objectstore.listing(tmp_path / "data")] == ["b1/part-0.parquet"]
+
+
+def test_an_s3_location_without_s3_settings_says_what_to_set() -> None:
+    objectstore.configure(None)
+    with pytest.raises(objectstore.SinkError, match=r"\[s3\] section"):
+        objectstore.read("s3://lake/x.json")
