@@ -52,7 +52,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from tidemark import durable, fencing, systemd
+from tidemark import durable, fencing, objectstore, systemd
 from tidemark.aio import wait_event
 from tidemark.allocators import return_freed_memory, tune_collector
 from tidemark.api.port import Progress
@@ -81,7 +81,7 @@ from tidemark.shapeset import ShapeSet, ShapeStatus
 from tidemark.sink import table_format
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
 from tidemark.sink.root import claim_root
-from tidemark.spark import in_background
+from tidemark.spark import configure_s3a, in_background, s3a_jars, with_s3a
 from tidemark.stalls import Stall, StallWatch
 from tidemark.stream.consumer import StreamConsumer
 from tidemark.upkeep import CurrentKeeper
@@ -110,6 +110,9 @@ class Service:
     ):
         self.settings = settings
         durable.configure(enabled=settings.sink.sync, method=settings.sink.sync_method)
+        # an s3:// root's store, before anything reads the state under the root
+        remote = objectstore.is_remote(settings.sink.root)
+        objectstore.configure(objectstore.S3Access.from_settings(settings.s3) if remote else None)
         if not settings.sink.sync:
             log.warning(
                 "sink.sync_off",
@@ -269,13 +272,21 @@ class Service:
                 from tidemark.spark import build_session
 
                 spark_cfg = settings.spark
+                conf = dict(spark_cfg.conf)
+                if objectstore.is_remote(settings.sink.root):
+                    conf = with_s3a(conf, s3a_jars())
                 self.spark = await asyncio.to_thread(
                     build_session,
                     spark_cfg.master,
-                    spark_cfg.conf,
+                    conf,
                     spark_cfg.app_name,
                     spark_cfg.remote,
                 )
+            if objectstore.is_remote(settings.sink.root):
+                access = objectstore.s3_access()
+                assert access is not None
+                bucket = objectstore.split(str(settings.sink.root))[0]
+                configure_s3a(self.spark, bucket, access.hadoop_conf())
             warming = asyncio.create_task(self._warm_up(), name="warm-up")
             await asyncio.to_thread(
                 claim_root, settings.sink.root, settings.sink.format, settings.iceberg
@@ -297,7 +308,7 @@ class Service:
                 self.spark,
                 self.policy,
                 on_commit=self._on_commit,
-                staging=Path(settings.sink.root) / "_rounds" / src.slot,
+                staging=objectstore.local_dir(settings.sink.root) / "_rounds" / src.slot,
             )
             self.scheduler.clear_staging()  # a killed run's round files, never committed
             self.keeper = CurrentKeeper(
@@ -901,7 +912,7 @@ class Service:
             log.warning(
                 "frontiers.write_failed",
                 error=str(exc),
-                disk=durable.full_disk(Path(self.settings.sink.root)),
+                disk=durable.full_disk(self.settings.sink.root),
             )
             return
         except fencing.LeaseUnconfirmed:

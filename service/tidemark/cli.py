@@ -44,9 +44,13 @@ from tidemark.lsn import Lsn, format_lsn, lsn_json
 
 
 def _settings(args: argparse.Namespace, require_dsn: bool = False) -> Settings:
+    from tidemark import objectstore
     from tidemark.config import load_settings
 
-    return load_settings(args.config, require_dsn=require_dsn)
+    settings = load_settings(args.config, require_dsn=require_dsn)
+    # an s3:// root (the settings', or --root's) is reached with [s3]'s endpoint and keys
+    objectstore.configure(objectstore.S3Access.from_settings(settings.s3))
+    return settings
 
 
 # -- talking to a running service ---------------------------------------------------

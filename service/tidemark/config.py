@@ -530,6 +530,39 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     shapes: list[ShapeSettings] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _object_store_root(self) -> Settings:
+        """An ``s3://`` root: what it holds so far (Delta changelog tables)."""
+        root = self.sink.root
+        scheme = root.partition("://")[0].lower() if "://" in root else ""
+        if scheme and scheme != "s3":
+            raise ValueError(
+                f"[sink] root = {root!r}: tidemark writes to a local folder or to "
+                "s3://bucket/prefix (S3 and S3-compatible stores: GCS and R2 through their "
+                "S3 API, with [s3] endpoint)"
+            )
+        if not scheme:
+            return self
+        bucket = root[len("s3://") :].split("/", 1)[0]
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+            raise ValueError(
+                f"[sink] root = {root!r}: {bucket!r} is not a bucket name (3-63 lower-case "
+                "letters, digits, dots and hyphens); write s3://bucket/prefix"
+            )
+        if self.sink.format != "delta":
+            raise ValueError(
+                f'[sink] root = {root!r} with format = "{self.sink.format}": an object-store '
+                'root holds Delta tables so far: set [sink] format = "delta", or use a local '
+                "root for Iceberg"
+            )
+        if self.current.enabled:
+            raise ValueError(
+                f"[sink] root = {root!r}: an object-store root holds the changelog tables "
+                "so far, not the current-state tables: set [current] enabled = false "
+                "(read the current state with tidemark read, which folds the changelog)"
+            )
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,

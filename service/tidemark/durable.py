@@ -292,10 +292,13 @@ def sync_folder(path: Path) -> None:
 FULL_BELOW_BYTES: Final = 16 * 1024 * 1024
 
 
-def full_disk(path: Path) -> str | None:
+def full_disk(path: Path | str) -> str | None:
     """What to say when a write under ``path`` failed and its filesystem is (nearly)
     full: Spark's Hadoop writer reports a full disk only as "Mkdirs failed" or a bare
-    IOException. None when there is room (or ``path`` cannot be looked at)."""
+    IOException. None when there is room (or ``path`` cannot be looked at, or is an
+    object store's)."""
+    if str(path).startswith("s3://"):
+        return None
     try:
         st = os.statvfs(path)
     except OSError:

@@ -75,6 +75,18 @@ def split(uri: str) -> tuple[str, str]:
     return bucket, key.strip("/")
 
 
+def local_dir(root: Location) -> Path:
+    """A local folder for what a root's work needs on disk and nobody reads back
+    after a restart (spool files, a round's hand-over files): the root itself when it
+    is local; for an ``s3://`` root a folder under the system's temp folder (or
+    ``$TIDEMARK_SCRATCH``), one per bucket and prefix."""
+    if not is_remote(root):
+        return Path(root)
+    bucket, prefix = split(str(root))
+    base = Path(os.environ.get("TIDEMARK_SCRATCH") or Path(tempfile.gettempdir()) / "tidemark")
+    return base.joinpath("s3", bucket, *[p for p in prefix.split("/") if p])
+
+
 def s3a(location: Location) -> str:
     """The location as Spark's Hadoop names it (``s3a://`` for S3, the path for disk)."""
     if is_remote(location):
@@ -221,13 +233,14 @@ class _S3:
     def __init__(self) -> None:
         self.access: S3Access | None = None
         self._client: Any = None
+        self.arrow: Any = None  # a pyarrow S3FileSystem (``arrow_filesystem``)
         self._lock = threading.Lock()
         self._tags: dict[str, str] = {}  # uri -> ETag last read or written ('' absent)
 
     def configure(self, access: S3Access | None) -> None:
         with self._lock:
             self.access = access
-            self._client = None
+            self._client = self.arrow = None
             self._tags.clear()
 
     def client(self) -> Any:
@@ -350,6 +363,56 @@ def _put(uri: str, data: bytes, condition: dict[str, str]) -> str | None:
     if held is not None and held[0] == data:
         return held[1]  # a retry of our own PUT, whose first attempt was stored
     return None
+
+
+def arrow_filesystem() -> Any:
+    """A ``pyarrow.fs.S3FileSystem`` on the configured store (for Parquet footers and
+    reads of data files), made once."""
+    with _STORE._lock:
+        made = _STORE.arrow
+        if made is not None:
+            return made
+    access = _STORE.access
+    if access is None:
+        raise SinkError("an s3:// location, and no [s3] settings")
+    from pyarrow import fs
+
+    key, secret, token = access.credentials()
+    options: dict[str, Any] = {
+        "access_key": key,
+        "secret_key": secret,
+        "region": access.region,
+        "connect_timeout": access.connect_timeout_s,
+        "request_timeout": access.read_timeout_s,
+        "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=access.attempts),
+    }
+    if token:
+        options["session_token"] = token
+    if access.endpoint:
+        scheme, _, host = access.endpoint.partition("://")
+        options |= {"endpoint_override": host.rstrip("/"), "scheme": scheme}
+    if not access.path_style and not access.endpoint:
+        options["force_virtual_addressing"] = True
+    made = fs.S3FileSystem(**options)
+    with _STORE._lock:
+        _STORE.arrow = made
+    return made
+
+
+def storage_options(location: Location) -> dict[str, str] | None:
+    """What ``deltalake`` (and Polars) need to reach ``location``: None for a local
+    one. Its conditional PUTs are on by default for S3 (object_store's ``If-None-Match``)."""
+    if not is_remote(location):
+        return None
+    access = _STORE.access
+    if access is None:
+        raise SinkError("an s3:// location, and no [s3] settings")
+    return access.storage_options()
+
+
+def arrow_path(location: Location) -> str:
+    """The location as pyarrow's S3 filesystem names it (``bucket/key``)."""
+    return str(location)[len(SCHEME) :] if is_remote(location) else str(location)
 
 
 # ---- one API for both -----------------------------------------------------------

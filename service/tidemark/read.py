@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
+from tidemark import objectstore
 from tidemark.errors import SinkError
 from tidemark.lsn import format_lsn, lsn_json
 from tidemark.sink import TableFormat
@@ -61,7 +62,7 @@ def changelog(spark: Any, root: str | Path, shape: str, tables: TableFormat | No
             f"shape '{shape}' has no table under {root}: is the name right, "
             "and has tidemark committed anything for it yet?"
         )
-    files = table.file_uris()
+    files = [objectstore.s3a(uri) if uri.startswith("s3://") else uri for uri in table.file_uris()]
     schema = spark_schema(table.arrow_schema())
     if not files:
         return spark.createDataFrame([], schema)
@@ -205,6 +206,9 @@ def describe_tables(
 
 def shapes_at(root: str | Path) -> list[str]:
     """The shapes that have a changelog folder under ``root``."""
+    if objectstore.is_remote(root):
+        listed = objectstore.listing(objectstore.join(root, "tables"))
+        return sorted({f.name.split("/", 1)[0] for f in listed if "/_delta_log/" in f.name})
     folder = Path(root) / "tables"
     if not folder.is_dir():
         return []
@@ -217,9 +221,13 @@ def _read_files(uris: Sequence[str], schema: pa.Schema) -> pa.Table:
     if not uris:
         return schema.empty_table()
     parsed = urlparse(uris[0])
-    if parsed.scheme in ("", "file"):
+    filesystem: pafs.FileSystem
+    if parsed.scheme == "s3":
+        filesystem = objectstore.arrow_filesystem()
+        paths = [objectstore.arrow_path(u) for u in uris]
+    elif parsed.scheme in ("", "file"):
         paths = [unquote(urlparse(u).path) if u.startswith("file:") else u for u in uris]
-        filesystem: pafs.FileSystem = pafs.LocalFileSystem()
+        filesystem = pafs.LocalFileSystem()
     else:
         filesystem, _ = pafs.FileSystem.from_uri(uris[0])
         paths = [pafs.FileSystem.from_uri(u)[1] for u in uris]

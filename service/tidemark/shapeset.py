@@ -41,7 +41,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -689,7 +688,7 @@ class ShapeSet:
             return
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (status.backfill_attempts - 1))
         cause = f"{type(exc).__name__}: {exc}".strip()
-        full = full_disk(Path(self.settings.sink.root))
+        full = full_disk(self.settings.sink.root)
         if full is not None:
             cause = f"{full} ({cause})"
         status.state = _move(status, ShapeState.ERROR)

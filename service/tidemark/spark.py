@@ -258,14 +258,15 @@ def local_mode_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
     out = {LISTING_THRESHOLD: str(DRIVER_LISTING_PATHS), OPEN_COST: str(OPEN_COST_BYTES)}
     if "spark.hadoop.fs.file.impl" in conf or not jvm.JAR.is_file():
         return out  # (no jar: an install without the package data) Hadoop's own
-    extra = conf.get("spark.driver.extraClassPath")
+    extra = conf.get(CLASS_PATH)
     return out | {
         "spark.hadoop.fs.file.impl": jvm.LOCAL_FS_CLASS,
         "spark.sql.sources.commitProtocolClass": jvm.DIRECT_COMMIT_CLASS,
-        "spark.driver.extraClassPath": os.pathsep.join(p for p in (str(jvm.JAR), extra) if p),
+        CLASS_PATH: os.pathsep.join(p for p in (str(jvm.JAR), extra) if p),
     }
 
 
+CLASS_PATH: Final = "spark.driver.extraClassPath"
 JAVA_OPTIONS: Final = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 
 
@@ -295,7 +296,10 @@ def build_session(
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
-    settings = {**DEFAULT_CONF, **local_mode_conf(master, conf or {}), **(conf or {})}
+    local = local_mode_conf(master, conf or {})
+    settings = {**DEFAULT_CONF, **local, **(conf or {})}
+    if CLASS_PATH in local:  # (tidemark's jar, then the user's class path: both)
+        settings[CLASS_PATH] = local[CLASS_PATH]
     for key in JAVA_OPTIONS:
         settings[key] = java_options(DEFAULT_CONF.get(key, ""), (conf or {}).get(key, ""))
     for key, value in settings.items():
@@ -314,3 +318,57 @@ def _connect_session(remote: str, conf: Mapping[str, str], app_name: str) -> Spa
     for key, value in {**runtime, **CONNECT_CONF, **conf}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+# ---- object stores (an s3:// sink root) -----------------------------------------------
+
+# what S3A needs beside pyspark's own Hadoop: hadoop-aws of the same Hadoop version, the
+# AWS SDK bundle it was built against, and its analytics accelerator (pinned, with
+# checksums, in jars/pom.xml and jars/checksums.sha256; ``make objectstore`` fetches them)
+S3A_JARS: Final = ("hadoop-aws-", "bundle-", "analyticsaccelerator-s3-")
+JARS_ENV: Final = "TIDEMARK_JARS_DIR"
+
+
+def jars_dir() -> Path:
+    """Where the extra jars are: ``$TIDEMARK_JARS_DIR``, else ``.jars`` of the checkout
+    tidemark runs from."""
+    found = os.environ.get(JARS_ENV)
+    return Path(found) if found else Path(__file__).resolve().parents[2] / ".jars"
+
+
+def s3a_jars(folder: Path | None = None) -> list[Path]:
+    """The S3A jars in ``folder`` (default ``jars_dir()``); ``ConfigError`` naming each
+    one missing and how to get it."""
+    folder = folder or jars_dir()
+    found: list[Path] = []
+    missing: list[str] = []
+    for prefix in S3A_JARS:
+        matches = sorted(folder.glob(f"{prefix}*.jar")) if folder.is_dir() else []
+        if matches:
+            found.append(matches[-1])
+        else:
+            missing.append(f"{prefix}*.jar")
+    if missing:
+        raise ConfigError(
+            f"an s3:// sink root needs Spark's S3A connector, and {', '.join(missing)} "
+            f"is not in {folder}: run `make objectstore` in tidemark's checkout (it fetches "
+            f"the pinned jars with their checksums), or copy that folder from a machine "
+            f"that has it and set {JARS_ENV} to it"
+        )
+    return found
+
+
+def with_s3a(conf: Mapping[str, str], jars: list[Path]) -> dict[str, str]:
+    """``conf`` with the S3A jars on the driver's class path (local mode: the driver's
+    JVM runs the tasks too, so nothing is copied)."""
+    extra = conf.get(CLASS_PATH, "")
+    return {**conf, CLASS_PATH: os.pathsep.join([*map(str, jars), *([extra] if extra else [])])}
+
+
+def configure_s3a(spark: Any, bucket: str, hadoop: Mapping[str, str]) -> None:
+    """Give the running session's Hadoop ``hadoop`` (S3A's ``fs.s3a.*`` settings) for
+    ``bucket`` only (S3A's per-bucket keys), so that sessions shared by several roots
+    keep each its own store."""
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in hadoop.items():
+        conf.set(key.replace("fs.s3a.", f"fs.s3a.bucket.{bucket}.", 1), value)

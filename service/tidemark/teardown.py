@@ -163,7 +163,7 @@ def _plan_purge(settings: Settings, plan: Plan) -> None:
                 for t in (tables.changelog(root, shape), tables.current(root, shape))
                 if t.exists()
             ]
-        plan.paths += [p for p in (changelog_dir, current_dir) if p.exists()]
+        plan.paths += [Path(p) for p in (changelog_dir, current_dir) if Path(p).exists()]
     rounds = root / "_rounds" / settings.source.slot
     if rounds.exists():
         plan.paths.append(rounds)

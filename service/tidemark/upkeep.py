@@ -30,7 +30,6 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -236,7 +235,7 @@ class CurrentKeeper:
                 "current.refresh_failed",
                 shape=name,
                 error=f"{type(outcome).__name__}: {outcome}",
-                disk=full_disk(Path(self.root)),
+                disk=full_disk(self.root),
                 exc_info=outcome,
             )
             return None

@@ -251,9 +251,15 @@ def pg_db(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[PgDat
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    from tidemark.spark import build_session
+    from tidemark.errors import ConfigError
+    from tidemark.spark import build_session, s3a_jars, with_s3a
 
-    session = build_session("local[2]", app_name="tidemark-tests")
+    # S3A on the class path where `make objectstore` put it: the s3:// root's tests
+    # share this session (each its own bucket: S3A's settings are per bucket)
+    conf: dict[str, str] = {}
+    with contextlib.suppress(ConfigError):
+        conf = with_s3a(conf, s3a_jars())
+    session = build_session("local[2]", conf, app_name="tidemark-tests")
     yield session
     session.stop()
 

@@ -48,7 +48,6 @@ import json
 import math
 import re
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -280,7 +279,7 @@ async def add_shape(request: web.Request) -> web.Response:
         except ReplicationError as exc:  # e.g. a table outside a publication we may not alter
             raise Problem(problems.SOURCE_CANNOT_SERVE, str(exc)) from None
         except OSError as exc:  # the registry could not be written (a full disk): not added
-            full = full_disk(Path(service.settings.sink.root))
+            full = full_disk(service.settings.sink.root)
             raise Problem(
                 problems.STORAGE_FULL,
                 f"shape {definition.name!r} was not added: {exc}. {full or ''}".strip(),

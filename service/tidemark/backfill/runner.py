@@ -412,5 +412,5 @@ async def _read_chunks(
         for job in rounds:
             job.cancel()
         await asyncio.gather(*rounds, return_exceptions=True)
-        if (table.path / spool).exists():  # (made by the first chunk that had rows)
-            await asyncio.to_thread(fencing.clear, table.path / spool)
+        if (table.spool_path / spool).exists():  # (made by the first chunk that had rows)
+            await asyncio.to_thread(fencing.clear, table.spool_path / spool)

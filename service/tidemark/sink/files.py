@@ -39,9 +39,10 @@ def describe_file(table_root: Path, rel_path: str) -> DataFile:
     return DataFile(rel_path, st.st_size, rows, int(st.st_mtime * 1000), stats)
 
 
-def file_stats(path: Path) -> tuple[int, str]:
-    """Row count and Delta stats (min/max/nulls of ``_lsn``/``_op``) from a footer."""
-    meta = pq.read_metadata(path)
+def file_stats(path: Path | str, filesystem: Any = None) -> tuple[int, str]:
+    """Row count and Delta stats (min/max/nulls of ``_lsn``/``_op``) from a footer
+    (``filesystem``: pyarrow's, for a file on an object store)."""
+    meta = pq.read_metadata(path, filesystem=filesystem)
     names = meta.schema.names
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}

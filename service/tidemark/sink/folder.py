@@ -8,6 +8,12 @@ Layout under a changelog's folder (``<root>/tables/<shape>``)::
 
 Durability: a batch's files are synced (``fdatasync``, with their ``data/<uuid>/`` and
 ``data/`` folders) before the commit that names them (``files_sync``).
+
+On an object store (an ``s3://`` root: ``path`` is then a URI, ``tidemark.objectstore``)
+Spark writes ``data/<uuid>/`` through S3A in place, each file durable once its upload
+completed, so there is nothing to sync; the files are found by listing the folder and
+described from their footers (in parallel). Spool files stay on local disk
+(``spool_path``): no commit names them, and every start clears them.
 """
 
 from __future__ import annotations
@@ -18,15 +24,17 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import WriterFenced
+from tidemark.objectstore import Location, is_remote, join
 from tidemark.sink.files import DataFile, describe_file, file_stats
 
 log = structlog.get_logger("tidemark.sink")
@@ -66,35 +74,63 @@ def move_aside(root: Path, shape: str, path: Path) -> Path:
 class TableFolder:
     """The files of one changelog table, before and after its commits name them."""
 
-    root: Path
+    root: Location
     shape: str
-    path: Path
+    path: Location  # a Path, or an s3:// URI (``tidemark.objectstore``)
 
-    def new_batch_dir(self) -> tuple[str, Path]:
-        """A fresh ``data/<uuid>`` folder name (relative) and its absolute path; a
-        process that may not write under the root any more gets none (``fencing``)."""
+    @property
+    def remote(self) -> bool:
+        """Whether the table is on an object store."""
+        return is_remote(self.path)
+
+    @property
+    def spool_path(self) -> Path:
+        """Where the table's spool files are: its own folder on disk; a local folder for
+        a table on an object store (``objectstore.local_dir``)."""
+        if isinstance(self.path, Path):
+            return self.path
+        return objectstore.local_dir(self.root) / "spool" / self.shape
+
+    def location(self, rel: str) -> Location:
+        """A file or folder of the table (``rel``: '/'-separated, from its root)."""
+        return join(self.path, rel)
+
+    def new_batch_dir(self) -> tuple[str, Path | str]:
+        """A fresh ``data/<uuid>`` folder name (relative) and where Spark writes it (a
+        path, or an ``s3a://`` URI); a process that may not write under the root any
+        more gets none (``fencing``)."""
         fencing.check()
         rel = f"data/{uuid.uuid4()}"
-        return rel, self.path / rel
+        if isinstance(self.path, Path):
+            return rel, self.path / rel
+        return rel, objectstore.s3a(join(self.path, rel))
 
     def new_spool_dir(self) -> tuple[str, Path]:
         """A fresh ``_spool/<uuid>`` folder (relative, absolute) for rows of a transaction
         still being streamed: no commit names them, so readers never see them."""
         fencing.check()
         rel = f"{SPOOL_DIR}/{uuid.uuid4()}"
-        return rel, self.path / rel
+        return rel, self.spool_path / rel
+
+    def spool_file_at(self, rel: str) -> DataFile:
+        """A spool file, described."""
+        return describe_file(self.spool_path, rel)
 
     def delete_spool(self, files: Sequence[DataFile]) -> None:
         """Delete spool files and their folders (best effort)."""
-        self.delete_files(files)
-        for folder in {(self.path / f.path).parent for f in files}:
+        if not fencing.may_write():
+            return
+        for f in files:
+            with contextlib.suppress(OSError):
+                (self.spool_path / f.path).unlink()
+        for folder in {(self.spool_path / f.path).parent for f in files}:
             with contextlib.suppress(OSError):
                 folder.rmdir()
 
     def clear_spool(self) -> int:
         """Delete every spool folder (at start: Postgres streams any transaction still
         open again from its start). Returns how many there were."""
-        root = self.path / SPOOL_DIR
+        root = self.spool_path / SPOOL_DIR
         if not root.is_dir():
             return 0
         count = 0
@@ -105,11 +141,26 @@ class TableFolder:
 
     def file_at(self, rel_path: str) -> DataFile:
         """A Parquet file of this table folder, described for a commit."""
-        return describe_file(self.path, rel_path)
+        if isinstance(self.path, Path):
+            return describe_file(self.path, rel_path)
+        return self._remote_files([objectstore.Listed(rel_path, -1, 0)])[0]
 
     def files_in(self, rel_dir: str) -> list[DataFile]:
-        """The Parquet files Spark wrote under ``rel_dir``; Spark's .crc files removed."""
+        """The Parquet files Spark wrote under ``rel_dir`` (none when it was not made);
+        Spark's .crc files removed."""
+        if not isinstance(self.path, Path):
+            listed = objectstore.listing(join(self.path, rel_dir))
+            return self._remote_files(
+                [
+                    objectstore.Listed(f"{rel_dir}/{f.name}", f.size, f.modified_ms)
+                    for f in listed
+                    if f.name.endswith(".parquet")
+                    and not f.name.rsplit("/", 1)[-1].startswith((".", "_"))
+                ]
+            )
         folder = self.path / rel_dir
+        if not folder.is_dir():
+            return []
         out = []
         for entry in sorted(os.scandir(folder), key=lambda e: e.name):
             if entry.name.endswith(".crc"):
@@ -128,12 +179,39 @@ class TableFolder:
             )
         return out
 
+    def _remote_files(self, listed: Sequence[objectstore.Listed]) -> list[DataFile]:
+        """Files on the object store described from their footers, read in parallel (a
+        round costs one footer read's latency, not one per file); empty files left out."""
+        fs = objectstore.arrow_filesystem()
+
+        def describe(item: objectstore.Listed) -> DataFile | None:
+            where = objectstore.arrow_path(join(self.path, item.name))
+            size, modified = item.size, item.modified_ms
+            if size < 0:
+                info = fs.get_file_info(where)
+                size = int(info.size)
+                modified = int(info.mtime.timestamp() * 1000) if info.mtime else 0
+            rows, stats = file_stats(where, fs)
+            if rows == 0:
+                return None
+            return DataFile(item.name, size, rows, modified, stats)
+
+        if len(listed) == 1:
+            found = [describe(listed[0])]
+        else:
+            with ThreadPoolExecutor(min(16, max(1, len(listed)))) as pool:
+                found = list(pool.map(describe, listed))
+        return [f for f in found if f is not None]
+
     def files_sync(self, files: Sequence[DataFile]) -> SyncSet:
         """What makes ``files`` (under ``data/``, written for a commit) durable: each
         file with the size it was written with, its ``data/<uuid>/`` folder, and
         ``data/``, which gained that folder (``data/`` itself is durable since the
-        table was created or recovered)."""
+        table was created or recovered). Nothing on an object store (an upload that
+        completed is durable)."""
         synced = SyncSet()
+        if not isinstance(self.path, Path):
+            return synced
         top = self.path / "data"
         for f in files:
             synced.new_file(self.path / f.path, top, f.size)
@@ -144,6 +222,10 @@ class TableFolder:
         removes what is left)."""
         if not fencing.may_write():
             return  # (deposed, or the lease unconfirmed: the leader's vacuum removes them)
+        if not isinstance(self.path, Path):
+            with contextlib.suppress(objectstore.SinkError):
+                objectstore.delete([join(self.path, f.path) for f in files])
+            return
         for f in files:
             try:
                 (self.path / f.path).unlink()
@@ -169,7 +251,10 @@ class TableFolder:
         bins = [b for b in bins if len(b) > 1]
         if not bins:
             return [], []
+        if not isinstance(self.path, Path):
+            return [], []  # (not yet on an object store: the files stay as they are)
         rel, folder = self.new_batch_dir()
+        assert isinstance(folder, Path)
         folder.mkdir(parents=True)
         added: list[DataFile] = []
         try:

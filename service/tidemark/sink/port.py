@@ -149,13 +149,19 @@ class Pinned:
 class ChangelogTable(Protocol):
     """One shape's changelog table. Thread-safe: commits come from worker threads."""
 
-    root: Path  # the sink root
     shape: str
-    path: Path  # the table's folder: Spark writes its data files under it
     uri: str
     # a writer schema found to fit the table (``writers.job.fit_table``); forgotten
     # whenever the table's schema may have changed through this object
     fitted: pa.Schema | None
+
+    @property
+    def root(self) -> Path | str:
+        """The sink root (a path, or an ``s3://`` URI: ``tidemark.objectstore``)."""
+
+    @property
+    def path(self) -> Path | str:
+        """The table's folder: Spark writes its data files under it."""
 
     @property
     def name(self) -> str:
@@ -204,11 +210,17 @@ class ChangelogTable(Protocol):
         """What tells this table from one made again at the same place."""
 
     # -- data files ---------------------------------------------------------------------
-    def new_batch_dir(self) -> tuple[str, Path]:
-        """A fresh folder for a batch's files: (relative path, absolute path)."""
+    def new_batch_dir(self) -> tuple[str, Path | str]:
+        """A fresh folder for a batch's files: (relative path, where Spark writes it)."""
+
+    @property
+    def spool_path(self) -> Path:
+        """The local folder the spool files are under (``new_spool_dir`` is relative)."""
 
     def new_spool_dir(self) -> tuple[str, Path]:
         """A fresh folder for the files of a transaction still streamed."""
+
+    def spool_file_at(self, rel_path: str) -> DataFile: ...
 
     def delete_spool(self, files: Sequence[DataFile]) -> None: ...
 
@@ -331,13 +343,13 @@ class TableFormat(Protocol):
 
     name: str
 
-    def changelog(self, root: str | Path, shape: str, *, epoch: int = 1) -> ChangelogTable:
+    def changelog(self, root: Path | str, shape: str, *, epoch: int = 1) -> ChangelogTable:
         """The changelog of ``shape`` (``epoch``: the stream epoch its offsets are on)."""
 
     def current(self, root: str | Path, shape: str) -> CurrentState:
         """The current-state table of ``shape``."""
 
-    def folders(self, root: str | Path, shape: str) -> tuple[Path, Path]:
+    def folders(self, root: str | Path, shape: str) -> tuple[Path | str, Path | str]:
         """Where the changelog and the current-state table of ``shape`` live."""
 
     def set_aside(self, table: ChangelogTable) -> Path:
@@ -369,7 +381,7 @@ class TableFormat(Protocol):
     def vacuum_and_clean(self, root: str | Path, shape: str, floor_hours: int) -> None:
         """Remove files no version still readable needs, and expired metadata."""
 
-    def table_stats(self, path: Path) -> tuple[int, int] | None:
+    def table_stats(self, path: Path | str) -> tuple[int, int] | None:
         """(data files, log entries since the newest checkpoint) of a table folder."""
 
     def current_base(

@@ -77,7 +77,7 @@ def compact_changelog(
         frame.where(F.col(LSN) > F.lit(boundary)).coalesce(files).write.mode("append").parquet(
             str(folder)
         )
-        added = changelog.files_in(rel) if folder.is_dir() else []
+        added = changelog.files_in(rel)
     removed = [(f.path, f.size) for f in old]
     try:
         changelog.retention_commit(removed, added, boundary)

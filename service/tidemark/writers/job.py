@@ -82,7 +82,7 @@ def write_arrow(
     if not replacing:
         check_column_types(table, schema)
     rel, folder = table.new_batch_dir()
-    scratch = table.path / table.new_spool_dir()[0]
+    scratch = table.spool_path / table.new_spool_dir()[0]
     with arrow_frames(spark, arrow, spark_schema(schema), scratch) as frames:
         for rows, frame in frames:
             files = max(1, -(-rows // ROWS_PER_FILE))
@@ -181,10 +181,10 @@ def spool_arrow(table: ChangelogTable, folder: str, name: str, arrow: pa.Table) 
     of them 0.87 s against 0.68 s); the table's files are Spark's, compressed."""
     import pyarrow.parquet as pq
 
-    (table.path / folder).mkdir(parents=True, exist_ok=True)
+    (table.spool_path / folder).mkdir(parents=True, exist_ok=True)
     rel = f"{folder}/{name}"
-    pq.write_table(arrow, table.path / rel, compression="none", use_dictionary=False)
-    return table.file_at(rel)
+    pq.write_table(arrow, table.spool_path / rel, compression="none", use_dictionary=False)
+    return table.spool_file_at(rel)
 
 
 def rewrite_spooled(
@@ -208,7 +208,7 @@ def rewrite_spooled(
     if not replacing:
         check_column_types(table, schema)
     target = spark_schema(schema)
-    frame = spark.read.schema(target).parquet(*[str(table.path / f.path) for f in txn.files])
+    frame = spark.read.schema(target).parquet(*[str(table.spool_path / f.path) for f in txn.files])
     for lo, hi in txn.dropped:
         frame = frame.where((F.col(OP) < lo) | (F.col(OP) >= hi))
     if txn.lsn is not None:
@@ -287,7 +287,7 @@ def _sync_error(table: ChangelogTable, batch: Batch, exc: SyncFailed) -> SinkErr
     the rows again, into new files), unless a staged file failed: its rows are not in
     memory to be written again, and syncing it again could report success for bytes
     the kernel dropped, so the batch is lost (``Batch.lost``) until a restart."""
-    if not {table.path / f.path for f in batch.staged} & exc.paths:
+    if not {Path(table.path) / f.path for f in batch.staged} & exc.paths:
         return exc
     batch.lost = (
         f"shape '{table.shape}': a file of a transaction staged to disk before its commit "
@@ -573,8 +573,6 @@ def writes_in_place(spark: Any) -> bool:
 
 def _written_in_place(table: ChangelogTable, rel: str) -> list[DataFile]:
     """The files a round's tasks wrote into the member's ``data/<uuid>`` folder."""
-    if not (table.path / rel).is_dir():
-        return []
     return table.files_in(rel)
 
 
@@ -595,6 +593,11 @@ def _adopt(table: ChangelogTable, folder: Path) -> list[DataFile]:
     if not folder.is_dir():
         return []
     rel, target = table.new_batch_dir()
+    if not isinstance(target, Path):
+        raise SinkError(
+            f"shape '{table.shape}': a sink root on an object store needs Spark to write "
+            "in place (a classic session: not Spark Connect)"
+        )
     try:
         os.rename(folder, target)
     except FileNotFoundError:  # the table has no data/ folder yet

@@ -49,7 +49,7 @@ from typing import Any
 
 import structlog
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.aio import wait_event
 from tidemark.durable import full_disk
 from tidemark.errors import UnfitValue, WriterFenced
@@ -549,7 +549,8 @@ class FlushScheduler:
 
     def _staging_dir(self, writer: ShapeWriter) -> Path:
         if self.staging is None:
-            self.staging = writer.table.root / "_rounds" / str(uuid.uuid4())
+            local = objectstore.local_dir(writer.table.root)
+            self.staging = local / "_rounds" / str(uuid.uuid4())
         return self.staging
 
     def clear_staging(self) -> None:

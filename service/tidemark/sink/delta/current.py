@@ -19,10 +19,10 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import RemoveAction
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
-from tidemark.sink.current import bucket_of_path, current_path, point_of
+from tidemark.sink.current import CURRENT_DIR, bucket_of_path, current_path, point_of
 from tidemark.sink.delta.log import add_action, entries_sync, recover_log
 from tidemark.sink.files import DataFile
 from tidemark.sink.port import Pinned, RefreshPoint
@@ -39,12 +39,17 @@ class CurrentTable:
 
     def __init__(self, root: str | Path, shape: str) -> None:
         self.shape = shape
-        self.path = current_path(root, shape)
-        self.uri = str(self.path)
+        self.remote = objectstore.is_remote(root)
+        self.path = current_path("." if self.remote else root, shape)
+        self.uri = (
+            str(objectstore.join(root, CURRENT_DIR, shape)) if self.remote else str(self.path)
+        )
         self.app_id = f"tidemark-current:{shape}"
-        self.name = self.uri
+        self.name = str(self.uri)
 
     def exists(self) -> bool:
+        if self.remote:
+            return False  # (not on an object store yet: config refuses [current] there)
         return DeltaTable.is_deltatable(self.uri)
 
     def recover(self) -> None:

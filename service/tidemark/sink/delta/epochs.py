@@ -15,8 +15,10 @@ import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 
+from tidemark import objectstore
 from tidemark.errors import SinkError
 from tidemark.fencing import EPOCH_APP, table_epoch
+from tidemark.objectstore import Location
 from tidemark.sink.delta.log import entries_sync, recover_log
 
 log = structlog.get_logger("tidemark.sink.epochs")
@@ -35,13 +37,17 @@ def _table_paths(root: Path) -> Iterable[Path]:
                 yield path
 
 
-def mark_table(path: Path, epoch: int, app_id: str = EPOCH_APP) -> bool:
+def mark_table(path: Location, epoch: int, app_id: str = EPOCH_APP) -> bool:
     """Commit the epoch mark to one table (False: no table there, or it is newer)."""
+    options = objectstore.storage_options(path)
     try:
-        # (what a power loss left at the log's end first: the mark goes after it)
-        if recover_log(path.name, path, path.parent.parent) is None:
+        if isinstance(path, Path):
+            # (what a power loss left at the log's end first: the mark goes after it)
+            if recover_log(path.name, path, path.parent.parent) is None:
+                return False
+        elif not DeltaTable.is_deltatable(str(path), storage_options=options):
             return False
-        dt = DeltaTable(str(path))
+        dt = DeltaTable(str(path), storage_options=options)
     except Exception as exc:  # a damaged table: its shape reports it, the rest go on
         log.warning("lease.mark_failed", table=str(path), error=f"{type(exc).__name__}: {exc}")
         return False
@@ -65,7 +71,8 @@ def mark_table(path: Path, epoch: int, app_id: str = EPOCH_APP) -> bool:
         except CommitFailedError:
             continue
         dt.update_incremental()
-        entries_sync(path / "_delta_log", before + 1, dt.version()).sync()
+        if isinstance(path, Path):  # (on an object store: durable when the PUT returned)
+            entries_sync(path / "_delta_log", before + 1, dt.version()).sync()
         return True
     raise SinkError(
         f"cannot mark the table at {path} with the leader epoch {epoch}: {MARK_ATTEMPTS} "
@@ -77,12 +84,16 @@ def mark_table(path: Path, epoch: int, app_id: str = EPOCH_APP) -> bool:
 def mark_tables(
     root: str | Path,
     epoch: int,
-    paths: Sequence[Path] | None = None,
+    paths: Sequence[Location] | None = None,
     app_id: str = EPOCH_APP,
 ) -> int:
     """Mark every table under ``root`` (changelog and current tables) with ``epoch``:
     from now on a commit of an older epoch is refused by each. Returns how many."""
-    tables = list(_table_paths(Path(root))) if paths is None else list(paths)
+    tables: list[Location] = []
+    if paths is not None:
+        tables = list(paths)
+    elif not objectstore.is_remote(root):
+        tables = list(_table_paths(Path(root)))
     if not tables:
         return 0
     with ThreadPoolExecutor(min(MARK_THREADS, len(tables))) as pool:

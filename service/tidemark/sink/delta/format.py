@@ -17,7 +17,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.sink import current, retention
 from tidemark.sink.current import current_path
 from tidemark.sink.delta import epochs
@@ -38,7 +38,9 @@ class DeltaFormat(current.Refreshing):
     def current(self, root: str | Path, shape: str) -> CurrentTable:
         return CurrentTable(root, shape)
 
-    def folders(self, root: str | Path, shape: str) -> tuple[Path, Path]:
+    def folders(self, root: str | Path, shape: str) -> tuple[Path | str, Path | str]:
+        if objectstore.is_remote(root):
+            return table_path(root, shape), objectstore.join(root, current.CURRENT_DIR, shape)
         return table_path(root, shape), current_path(root, shape)
 
     def set_aside(self, table: ChangelogTable) -> Path:
@@ -47,7 +49,8 @@ class DeltaFormat(current.Refreshing):
 
     def mark(self, root: str | Path, epoch: int, shapes: Sequence[str], app_id: str) -> int:
         folders = [p for name in sorted(shapes) for p in self.folders(root, name)]
-        return epochs.mark_tables(root, epoch, [p for p in folders if p.is_dir()], app_id)
+        found = [p for p in folders if not isinstance(p, Path) or p.is_dir()]
+        return epochs.mark_tables(root, epoch, found, app_id)
 
     def recover_current(self, root: str | Path, shape: str) -> None:
         fencing.clear(current_path(root, shape) / current.STAGING_DIR)
@@ -56,7 +59,7 @@ class DeltaFormat(current.Refreshing):
     def vacuum_and_clean(self, root: str | Path, shape: str, floor_hours: int) -> None:
         vacuum_and_clean(root, shape, floor_hours)
 
-    def table_stats(self, path: Path) -> tuple[int, int] | None:
+    def table_stats(self, path: Path | str) -> tuple[int, int] | None:
         return table_stats(path)
 
     def current_base(
@@ -104,15 +107,15 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
         DeltaTable(changelog.uri).cleanup_metadata()
 
 
-def table_stats(path: Path) -> tuple[int, int] | None:
+def table_stats(path: Path | str) -> tuple[int, int] | None:
     """(active files, log entries after the newest checkpoint) of a Delta table."""
-    if not DeltaTable.is_deltatable(str(path)):
+    options = objectstore.storage_options(path)
+    if not DeltaTable.is_deltatable(str(path), storage_options=options):
         return None
-    dt = DeltaTable(str(path))
+    dt = DeltaTable(str(path), storage_options=options)
     files = len(dt.file_uris())
     checkpoint = -1
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        checkpoint = int(
-            json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
-        )
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, objectstore.SinkError):
+        last = objectstore.read(objectstore.join(path, "_delta_log", "_last_checkpoint"))
+        checkpoint = int(json.loads(last or b"")["version"])
     return files, dt.version() - checkpoint if checkpoint >= 0 else dt.version() + 1

@@ -99,9 +99,10 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import RemoveAction
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.durable import SyncSet, make_dirs, publish_new, write_synced
 from tidemark.errors import SinkError, TableDamaged
+from tidemark.objectstore import Location, is_remote, join
 from tidemark.sink.delta.log import add_action, add_entry, entries_sync, recover_log
 from tidemark.sink.files import DataFile
 from tidemark.sink.folder import TableFolder, holds, move_aside
@@ -164,12 +165,13 @@ class _Creations:
         with self._lock:
             return self._made.get(self._key(schema))
 
-    def learn(self, schema: pa.Schema, dt: DeltaTable, log_dir: Path) -> None:
+    def learn(self, schema: pa.Schema, dt: DeltaTable, log_dir: Location) -> None:
         """Keep what the library wrote as version 0 of ``dt`` in ``log_dir`` (best
         effort)."""
         try:
-            actions = [json.loads(line) for line in (log_dir / f"{0:020d}.json").open()]
-        except (OSError, ValueError):
+            text = objectstore.read(join(log_dir, f"{0:020d}.json"))
+            actions = [json.loads(line) for line in (text or b"").splitlines() if line]
+        except (OSError, ValueError, SinkError):
             return
         protocol = next((a["protocol"] for a in actions if "protocol" in a), None)
         metadata = next((a["metaData"] for a in actions if "metaData" in a), None)
@@ -188,17 +190,22 @@ class _Creations:
 _MADE = _Creations()
 
 
-def tables_dir(root: str | Path) -> Path:
-    return Path(root) / "tables"
+def tables_dir(root: Location) -> Location:
+    return join(root, "tables")
 
 
-def table_path(root: str | Path, shape: str) -> Path:
-    return tables_dir(root) / shape
+def table_path(root: Location, shape: str) -> Location:
+    return join(root, "tables", shape)
 
 
 def set_aside(table: ShapeTable) -> Path:
     """Move a damaged table's folder to ``<root>/damaged/<shape>-<time>/`` (kept for a
     look, never read by tidemark again), durably; returns where it went."""
+    if not isinstance(table.path, Path) or not isinstance(table.root, Path):
+        raise SinkError(
+            f"shape '{table.shape}': its damaged table {table.uri} cannot be set aside on "
+            "an object store yet: remove the shape and add it again"
+        )
     aside = move_aside(table.root, table.shape, table.path)
     table.refresh_handle()
     return aside
@@ -221,11 +228,12 @@ def _has_size(path: Path, size: int) -> bool:
 class ShapeTable(TableFolder):
     """The Delta table of one shape. Thread-safe: Spark jobs commit from worker threads."""
 
-    def __init__(self, root: str | Path, shape: str, *, epoch: int = 1) -> None:
-        self.root = Path(root)
+    def __init__(self, root: Location, shape: str, *, epoch: int = 1) -> None:
+        self.root = root if is_remote(root) else Path(root)
         self.shape = shape
-        self.path = table_path(root, shape)
+        self.path = table_path(self.root, shape)
         self.uri = str(self.path)
+        self._options = objectstore.storage_options(self.path)
         self.app_id = app_id_for(shape, epoch)
         self.name = self.uri
         self._lock = threading.RLock()
@@ -243,7 +251,7 @@ class ShapeTable(TableFolder):
     # -- existence and creation -------------------------------------------
 
     def exists(self) -> bool:
-        return DeltaTable.is_deltatable(self.uri)
+        return DeltaTable.is_deltatable(self.uri, storage_options=self._options)
 
     def create(
         self,
@@ -258,7 +266,8 @@ class ShapeTable(TableFolder):
                 self.ensure_columns(schema)
                 return False
             fencing.check()
-            make_dirs(self.path)
+            if isinstance(self.path, Path):
+                make_dirs(self.path)
             description = json.dumps(
                 {"tidemark": {"primary_key": list(primary_key), "shape": dict(definition or {})}},
                 sort_keys=True,
@@ -284,6 +293,7 @@ class ShapeTable(TableFolder):
                 name=self.shape,
                 description=description,
                 commit_properties=fencing.current().creation(),
+                storage_options=self._options,
             )
         except Exception as exc:
             raise SinkError(
@@ -309,7 +319,7 @@ class ShapeTable(TableFolder):
             "timestamp": now,
             "operation": "CREATE TABLE",
             "operationParameters": {
-                "location": self.path.as_uri() + "/",
+                "location": (self.path.as_uri() if isinstance(self.path, Path) else self.uri) + "/",
                 "mode": "ErrorIfExists",
                 "metadata": json.dumps(metadata, separators=(",", ":")),
                 "protocol": json.dumps(made.protocol, separators=(",", ":")),
@@ -322,7 +332,8 @@ class ShapeTable(TableFolder):
         if epoch is not None:  # born marked, as ``Fence.creation`` has the library do
             lines.append({"txn": {"appId": fencing.current().app_id, "version": epoch}})
         entry = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
-        self.log_dir.mkdir(exist_ok=True)
+        if isinstance(self.log_dir, Path):
+            self.log_dir.mkdir(exist_ok=True)
         published = self._put_entry(entry.encode(), 0)
         if published is None:
             return False
@@ -338,7 +349,10 @@ class ShapeTable(TableFolder):
 
     def _created(self) -> None:
         """A new table's first log entry, its ``data/`` folder and the folders up to the
-        sink root made durable: a commit's files then need only their own folders."""
+        sink root made durable: a commit's files then need only their own folders
+        (nothing to make on an object store: its folders are names)."""
+        if not isinstance(self.path, Path) or not isinstance(self.root, Path):
+            return
         (self.path / "data").mkdir(exist_ok=True)
         synced = SyncSet()
         synced.new_folder(self.path / "data", self.root)
@@ -365,7 +379,7 @@ class ShapeTable(TableFolder):
             if self._dt is None:
                 if not self.exists():
                     raise SinkError(f"shape '{self.shape}' has no table at {self.uri} yet")
-                self._dt = DeltaTable(self.uri)
+                self._dt = DeltaTable(self.uri, storage_options=self._options)
                 self._behind = False
                 self._schema0 = None
             return self._dt
@@ -509,8 +523,8 @@ class ShapeTable(TableFolder):
         names each (an entry is synced before it gets its name either way). None when
         the next commit cannot be a direct append (see the module docstring)."""
         with self._lock:
-            if self._head is None:
-                return None
+            if self._head is None or not isinstance(self.log_dir, Path):
+                return None  # (on an object store an entry is one PUT: nothing to sync)
         fencing.check()  # (a deposed leader leaves not even a temp file behind)
         temp = self.log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
         with open(temp, "xb") as fh:
@@ -635,7 +649,13 @@ class ShapeTable(TableFolder):
         log version ``version`` unless that version exists (False): synced before it
         gets its name, so an entry on disk is always whole (the log folder is synced by
         the caller), and the fence checked right before. None: this filesystem cannot
-        put a file only if absent (e.g. no hard links): the library's way from now on."""
+        put a file only if absent (e.g. no hard links): the library's way from now on.
+        On an object store: one conditional PUT (``If-None-Match: *``), durable when it
+        returns."""
+        if not isinstance(self.log_dir, Path):
+            assert isinstance(entry, bytes)
+            fencing.check()
+            return objectstore.put_if_absent(self._entry_path(version), entry)
         if isinstance(entry, Path):
             temp = entry
         else:
@@ -647,7 +667,7 @@ class ShapeTable(TableFolder):
             fencing.remove_own(temp)
             raise
         try:
-            return publish_new(temp, self._entry_path(version))
+            return publish_new(temp, self.log_dir / f"{version:020d}.json")
         except OSError as exc:  # (publish_new removed the temp file)
             log.warning("commit.direct_unavailable", shape=self.shape, error=str(exc))
             self._direct = False
@@ -671,31 +691,38 @@ class ShapeTable(TableFolder):
     # -- durability -----------------------------------------------------------
 
     @property
-    def log_dir(self) -> Path:
-        return self.path / "_delta_log"
+    def log_dir(self) -> Location:
+        return join(self.path, "_delta_log")
 
-    def _entry_path(self, version: int) -> Path:
-        return self.log_dir / f"{version:020d}.json"
+    def _entry_path(self, version: int) -> Location:
+        return join(self.log_dir, f"{version:020d}.json")
 
     def log_sync(self) -> SyncSet:
         """What makes the entries committed by direct appends durable: the log folder
-        (the entries' bytes were synced before they were named)."""
+        (the entries' bytes were synced before they were named); nothing on an object
+        store."""
         synced = SyncSet()
-        synced.folder(self.log_dir)
+        if isinstance(self.log_dir, Path):
+            synced.folder(self.log_dir)
         return synced
 
     def _sync_entries(self, synced: SyncSet, first: int, last: int) -> None:
-        synced.update(entries_sync(self.log_dir, first, last))
+        if isinstance(self.log_dir, Path):
+            synced.update(entries_sync(self.log_dir, first, last))
 
     def _synced_library_commit(self, before: int, after: int) -> None:
-        """The entries a library commit (or several) wrote, synced."""
-        entries_sync(self.log_dir, before + 1, after).sync()
+        """The entries a library commit (or several) wrote, synced (on an object store
+        they were durable when the library's PUTs returned)."""
+        if isinstance(self.log_dir, Path):
+            entries_sync(self.log_dir, before + 1, after).sync()
 
     def recover(self) -> bool:
         """At start, before anything reads the table: ``recover_log``, then the table
         opened and every file its log names checked (present, with its size). Returns
         whether a table exists; ``TableDamaged`` when it cannot be used."""
         with self._lock:
+            if not isinstance(self.path, Path) or not isinstance(self.root, Path):
+                return self._recover_remote()
             try:
                 newest = recover_log(self.shape, self.path, self.root)
             except SinkError as exc:
@@ -723,6 +750,29 @@ class ShapeTable(TableFolder):
                 )
             self._keep_transactions()
             return True
+
+    def _recover_remote(self) -> bool:
+        """``recover`` on an object store: an entry is one PUT, whole or absent, so
+        there is no torn tail to remove; every file the log names is checked against a
+        listing of ``data/`` (one LIST, not a request per file)."""
+        if not self.exists():
+            return False
+        self._dt = self._head = self._schema0 = None
+        try:
+            active = self._active_files(self._handle())
+        except Exception as exc:
+            raise TableDamaged(self._damaged(f"its Delta log cannot be read: {exc}")) from exc
+        sizes = {f"data/{f.name}": f.size for f in objectstore.listing(self.location("data"))}
+        missing = [p for p, size in active if sizes.get(p) != size]
+        if missing:
+            raise TableDamaged(
+                self._damaged(
+                    f"{len(missing)} data file(s) its log names are missing or cut short, "
+                    f"e.g. {missing[0]}"
+                )
+            )
+        self._keep_transactions()
+        return True
 
     def _keep_transactions(self) -> None:
         """The committed offsets, the generation and the epoch marks are application
@@ -758,7 +808,11 @@ class ShapeTable(TableFolder):
     def active_files_with_sizes(self) -> list[tuple[str, int]]:
         with self._lock:
             head = self._head
-            if head is not None and head.version == 0 and not self._entry_path(1).exists():
+            if (
+                head is not None
+                and head.version == 0
+                and not objectstore.exists(self._entry_path(1))
+            ):
                 return []  # made by ``create`` (no files), nothing committed since
             dt = self.table()
             dt.update_incremental()
@@ -922,7 +976,7 @@ class ShapeTable(TableFolder):
     def view(self) -> ChangelogView:
         """The newest version pinned: its files with the ``_lsn`` statistics of their
         add actions."""
-        dt = DeltaTable(self.uri)
+        dt = DeltaTable(self.uri, storage_options=self._options)
         schema = pa.schema(dt.schema().to_arrow())
         actions = pa.table(dt.get_add_actions(flatten=True))
         base = self.uri.rstrip("/") + "/"
@@ -960,7 +1014,7 @@ class ShapeTable(TableFolder):
 
     def commits(self) -> list[CommitRecord]:
         out = []
-        for entry in DeltaTable(self.uri).history():
+        for entry in DeltaTable(self.uri, storage_options=self._options).history():
             end = entry.get("tidemark.endLsn")
             operation = entry.get("tidemark.operation") or ("stream" if end else "")
             out.append(
@@ -1012,9 +1066,10 @@ class ShapeTable(TableFolder):
         here is, before it returns)."""
         with self._lock:
             now = time.time()
-            for f in keep:
-                with contextlib.suppress(FileNotFoundError):
-                    os.utime(self.path / f.path, (now, now))
+            if isinstance(self.path, Path):
+                for f in keep:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.utime(self.path / f.path, (now, now))
             dt = self.table()
             fencing.current().check_snapshot(dt, self._where)
             before = dt.version()
@@ -1022,7 +1077,9 @@ class ShapeTable(TableFolder):
                 retention_hours=retention_hours,
                 dry_run=False,
                 enforce_retention_duration=False,
-                full=True,
+                # on an object store a pending batch's files cannot be made young: only
+                # what commits removed is deleted there, not files no commit names
+                full=isinstance(self.path, Path),
             )
             dt.update_incremental()  # (vacuum's own commits, synced like every other)
             self._synced_library_commit(before, dt.version())

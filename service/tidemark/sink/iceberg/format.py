@@ -121,8 +121,9 @@ class IcebergFormat(current.Refreshing):
         table = expire(table, hours)
         remove_unreferenced(table, state.path, hours)
 
-    def table_stats(self, path: Path) -> tuple[int, int] | None:
+    def table_stats(self, path: Path | str) -> tuple[int, int] | None:
         """(data files, manifests of the newest snapshot) of a table folder."""
+        path = Path(path)  # (Iceberg roots are local folders)
         root, shape = path.parent.parent, path.name
         if path.parent.name == "current":
             table = self.current(root, shape).loaded()

@@ -98,6 +98,9 @@ def writer_types(table: Table) -> pa.Schema:
 class IcebergChangelog(TableFolder):
     """The changelog of one shape as an Iceberg table. Thread-safe."""
 
+    root: Path
+    path: Path
+
     def __init__(
         self, catalog: Catalog, namespace: str, root: str | Path, shape: str, *, epoch: int = 1
     ) -> None:
