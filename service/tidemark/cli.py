@@ -160,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     prepare_process()  # before pyarrow loads
     from tidemark.app import Service
     from tidemark.observability import configure_logging
-    from tidemark.preflight import source_problems, static_problems
+    from tidemark.preflight import object_store_problem, source_problems, static_problems
 
     settings = _settings(args, require_dsn=True)
     # what `config check` finds without the source, before Spark starts (exit 2)
@@ -169,6 +169,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("; ".join(problems) + " (tidemark config check lists every check)")
     # then what the source refuses tidemark (exit 4, as config check's failures)
     problems = asyncio.run(source_problems(settings))
+    store = object_store_problem(settings)  # (an s3:// root: reached, written)
+    problems += [store] if store is not None else []
     if problems:
         return _fail(args, "; ".join(problems) + " (tidemark config check lists every check)", 4)
     configure_logging(settings.log_format, settings.log_level)

@@ -194,6 +194,9 @@ class S3Access:
             # what S3A buffers a part of an upload in: memory (its disk buffer goes
             # through the local filesystem tidemark's session replaces)
             "fs.s3a.fast.upload.buffer": "bytebuffer",
+            # a batch's folder is new: S3A need not look for a file or folder in the way
+            # of each file it creates (a HEAD and a LIST saved per file)
+            "fs.s3a.create.performance": "true",
             "fs.s3a.attempts.maximum": str(self.attempts),
             "fs.s3a.retry.limit": str(self.attempts),
         }
@@ -294,8 +297,8 @@ def _failed(action: str, uri: str, exc: Exception) -> SinkError:
     what = f"{code or type(exc).__name__}: {exc}"
     endpoint = (_STORE.access.endpoint if _STORE.access else "") or "AWS"
     return StoreUnavailable(
-        f"cannot {action} {uri} after retries ({what}); is the store at {endpoint} "
-        "reachable? The work is retried, and nothing past it is acknowledged meanwhile"
+        f"cannot {action} {uri} after retries ({what}): is the store at {endpoint} "
+        "reachable? Check [s3] endpoint and the network to it"
     )
 
 

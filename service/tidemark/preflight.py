@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 from pydantic import ValidationError
 
+from tidemark import objectstore
 from tidemark.config import Settings
 from tidemark.conninfo import redact_text
-from tidemark.errors import TidemarkError
+from tidemark.errors import ConfigError, TidemarkError
 from tidemark.replication import slot as slots
 from tidemark.replication.catalog import validate_shape
 from tidemark.shapes.model import ShapeDefinition
+from tidemark.spark import s3a_jars
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +47,7 @@ async def run_checks(settings: Settings) -> list[Check]:
     out: list[Check] = []
     out.append(_per_change_path())
     out.append(_spark(settings))
-    out.append(_sink(settings.sink.root))
+    out.append(_sink(settings))
     shapes = shape_problems(settings)
     out.append(
         Check("shapes as written", not shapes, "; ".join(shapes) or f"{len(settings.shapes)} ok")
@@ -323,11 +326,48 @@ async def source_problems(settings: Settings, connect_timeout_s: int = 5) -> lis
 def static_problems(settings: Settings) -> list[str]:
     """What ``tidemark run`` refuses before it starts Spark or connects anywhere."""
     problems = shape_problems(settings)
-    sink = sink_root_problem(settings.sink.root)
+    sink = sink_root_problem(settings.sink.root) or connector_problem(settings)
     return problems + ([sink] if sink is not None else [])
 
 
-def _sink(root: str) -> Check:
+def connector_problem(settings: Settings) -> str | None:
+    """An ``s3://`` root whose Spark (local: tidemark's own JVM) lacks S3A's jars."""
+    if not objectstore.is_remote(settings.sink.root) or settings.spark.remote:
+        return None
+    try:
+        s3a_jars()
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def object_store_problem(settings: Settings) -> str | None:
+    """Why an ``s3://`` root cannot hold the lake (None: it can, or the root is a local
+    folder): a file put, read back and removed under ``<root>/_tidemark/``, through the
+    store ``[s3]`` describes. The message names the setting and what to do."""
+    root = settings.sink.root
+    if not objectstore.is_remote(root):
+        return None
+    try:
+        objectstore.configure(objectstore.S3Access.from_settings(settings.s3))
+        probe = objectstore.join(root, "_tidemark", f".tidemark-check-{uuid.uuid4()}")
+        objectstore.replace(probe, b"tidemark")
+        if objectstore.read(probe) != b"tidemark":
+            return f"[sink] root = {root!r}: a file written there read back otherwise"
+        objectstore.delete([probe])
+    except TidemarkError as exc:
+        return f"[sink] root = {root!r}: {exc}"
+    return None
+
+
+def _sink(settings: Settings) -> Check:
+    root = settings.sink.root
+    if objectstore.is_remote(root):
+        found = connector_problem(settings) or object_store_problem(settings)
+        if found is not None:
+            return Check("sink", False, found)
+        endpoint = settings.s3.endpoint or f"AWS S3 ({settings.s3.region})"
+        return Check("sink", True, f"{root} on {endpoint}: written, read and removed a file")
     if "://" in root:
         return Check("sink", True, f"{root} (remote: not checked)")
     problem = sink_root_problem(root)

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import subprocess
+import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -230,3 +233,83 @@ async def wait_frontiers_after_errors(service: Any, lsn: int, timeout: float = 1
             if service.shapes and all(frontiers.get(n, -1) >= lsn for n in service.shapes):
                 return
             await asyncio.sleep(0.1)
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidemark", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("problem", "expected"),
+    [
+        ("credentials", "refused the credentials"),
+        ("bucket", "the bucket 'no-such-bucket' does not exist: create it"),
+        ("unreachable", "reachable?"),
+    ],
+)
+def test_a_root_the_store_refuses_stops_run_and_config_check(
+    pg_db: PgDatabase,
+    store: tuple[S3Proxy, Proxy],
+    proxy: Proxy,
+    tmp_path: Path,
+    problem: str,
+    expected: str,
+) -> None:
+    """Wrong credentials, a missing bucket, a store that does not answer: ``config
+    check`` fails its sink check and ``run`` exits with 4 before Spark starts, the
+    setting named and what to do said; never a traceback, never the secret."""
+    server = store[0]
+    pg_db.execute("create table orders (id int primary key)")
+    bucket = "no-such-bucket" if problem == "bucket" else BUCKET
+    secret = tmp_path / "s3-secret"
+    secret.write_text("wrong-secret\n" if problem == "credentials" else server.credential)
+    endpoint = "http://127.0.0.1:1" if problem == "unreachable" else proxy.endpoint
+    config = tmp_path / "tidemark.toml"
+    config.write_text(
+        f'[source]\ndsn = "{pg_db.dsn}"\n'
+        f'[sink]\nroot = "s3://{bucket}/{secrets.token_hex(3)}"\n'
+        "[current]\nenabled = false\n"
+        f'[s3]\nendpoint = "{endpoint}"\npath_style = true\nattempts = 2\n'
+        f'connect_timeout_s = 1\naccess_key_id = "{server.identity}"\n'
+        f'secret_access_key_file = "{secret}"\n'
+        '[[shapes]]\nname = "orders"\ntable = "public.orders"\n'
+    )
+    check = run_cli("config", "check", "--config", str(config))
+    assert check.returncode == 4, check.stdout + check.stderr
+    assert expected in check.stdout + check.stderr
+    started = time.monotonic()
+    done = run_cli("run", "--config", str(config))
+    output = done.stdout + done.stderr
+    assert done.returncode == 4, output
+    assert "[sink] root = 's3://" in output and expected in output
+    assert "Traceback" not in output and "log4j" not in output
+    assert server.credential not in output and "wrong-secret" not in output
+    assert time.monotonic() - started < 30
+
+
+def test_config_check_says_a_root_on_s3_works(
+    pg_db: PgDatabase, store: tuple[S3Proxy, Proxy], proxy: Proxy, tmp_path: Path
+) -> None:
+    server = store[0]
+    pg_db.execute("create table orders (id int primary key)")
+    secret = tmp_path / "s3-secret"
+    secret.write_text(server.credential)
+    config = tmp_path / "tidemark.toml"
+    config.write_text(
+        f'[source]\ndsn = "{pg_db.dsn}"\n'
+        f'[sink]\nroot = "s3://{BUCKET}/checked"\n'
+        "[current]\nenabled = false\n"
+        f'[s3]\nendpoint = "{proxy.endpoint}"\npath_style = true\n'
+        f'access_key_id = "{server.identity}"\nsecret_access_key_file = "{secret}"\n'
+        '[[shapes]]\nname = "orders"\ntable = "public.orders"\n'
+    )
+    check = run_cli("config", "check", "--config", str(config))
+    output = check.stdout + check.stderr
+    assert "written, read and removed a file" in output, output
+    assert server.credential not in output

@@ -164,6 +164,10 @@ class ChangelogTable(Protocol):
         """The table's folder: Spark writes its data files under it."""
 
     @property
+    def remote(self) -> bool:
+        """Whether the table is on an object store (``path`` an ``s3://`` URI)."""
+
+    @property
     def name(self) -> str:
         """How an engine names it: its folder (Delta), its catalog name (Iceberg)."""
 

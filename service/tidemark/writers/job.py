@@ -23,6 +23,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -455,12 +456,11 @@ def write_round(
             continue
         try:
             written = _write_partitioned(spark, parts, members[ready[0]].schema, staging, column)
-            for i in ready:
+            if direct:
+                found = _found_in_place([(members[i].table, folders[i]) for i in ready])
+            for n, i in enumerate(ready):
                 m = members[i]
-                if direct:
-                    files = _written_in_place(m.table, folders[i])
-                else:
-                    files = _adopt(m.table, written / f"{PART}={i}")
+                files = found[n] if direct else _adopt(m.table, written / f"{PART}={i}")
                 results[i] = [*m.batch.staged, *files]
             fencing.clear(written)
         except Exception as exc:  # the job (or a move): every member of the layout
@@ -571,9 +571,18 @@ def writes_in_place(spark: Any) -> bool:
     return bool(chosen == DIRECT_COMMIT_CLASS)
 
 
-def _written_in_place(table: ChangelogTable, rel: str) -> list[DataFile]:
-    """The files a round's tasks wrote into the member's ``data/<uuid>`` folder."""
-    return table.files_in(rel)
+def _found_in_place(members: Sequence[tuple[ChangelogTable, str]]) -> list[list[DataFile]]:
+    """The files a round's tasks wrote into each member's ``data/<uuid>`` folder. On an
+    object store each member's listing and footer reads are requests: the members'
+    run at once (``LISTING_THREADS``), so a round waits about one listing's latency,
+    not one per shape."""
+    if len(members) < 2 or not any(table.remote for table, _ in members):
+        return [table.files_in(rel) for table, rel in members]
+    with ThreadPoolExecutor(min(LISTING_THREADS, len(members))) as pool:
+        return list(pool.map(lambda member: member[0].files_in(member[1]), members))
+
+
+LISTING_THREADS = 32
 
 
 MEMBERS_PER_TASK = 250
