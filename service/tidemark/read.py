@@ -62,12 +62,24 @@ def changelog(spark: Any, root: str | Path, shape: str, tables: TableFormat | No
             f"shape '{shape}' has no table under {root}: is the name right, "
             "and has tidemark committed anything for it yet?"
         )
-    files = [objectstore.s3a(uri) if uri.startswith("s3://") else uri for uri in table.file_uris()]
+    uris = table.file_uris()
+    if objectstore.is_remote(root):
+        _reach_store(spark, str(root))
+    files = [objectstore.s3a(uri) if uri.startswith("s3://") else uri for uri in uris]
     schema = spark_schema(table.arrow_schema())
     if not files:
         return spark.createDataFrame([], schema)
     # the table's schema is the union of all files' schemas (columns added later)
     return spark.read.schema(schema).parquet(*files)
+
+
+def _reach_store(spark: Any, root: str) -> None:
+    """Give the session's S3A the store of ``root`` (as the service does at start)."""
+    from tidemark.spark import configure_s3a
+
+    access = objectstore.s3_access()
+    if access is not None:
+        configure_s3a(spark, objectstore.split(root)[0], access.hadoop_conf())
 
 
 def current(

@@ -17,10 +17,12 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from deltalake import DeltaTable
 
+from tidemark import objectstore
 from tidemark.embedded import free_port
 from tidemark.lsn import Lsn
 from tidemark.sink.delta.table import table_path
@@ -76,13 +78,18 @@ class Workload(threading.Thread):
                 time.sleep(0.01)
 
 
-def committed_lsns(root: Path, shape: str, stream_only: bool = False) -> list[tuple[int, int]]:
+def committed_lsns(
+    root: Path | str, shape: str, stream_only: bool = False
+) -> list[tuple[int, int]]:
     """(_lsn, _op) of every committed row; ``stream_only`` leaves out backfill rows,
     which come from a snapshot, not from the acknowledged stream."""
-    path = table_path(root, shape)
-    if not DeltaTable.is_deltatable(str(path)):
+    path = str(table_path(root, shape))
+    options = objectstore.storage_options(path)
+    if not DeltaTable.is_deltatable(path, storage_options=options):
         return []
-    table = DeltaTable(str(path)).to_pyarrow_table(columns=["_lsn", "_op", "_kind"])
+    table = DeltaTable(path, storage_options=options).to_pyarrow_table(
+        columns=["_lsn", "_op", "_kind"]
+    )
     return [
         (lsn, op)
         for lsn, op, kind in zip(
@@ -95,7 +102,7 @@ def committed_lsns(root: Path, shape: str, stream_only: bool = False) -> list[tu
 class Sampler(threading.Thread):
     """(confirmed_flush_lsn, then each shape's committed (lsn, op) set) every 0.5 s."""
 
-    def __init__(self, dsn: str, root: Path) -> None:
+    def __init__(self, dsn: str, root: Path | str) -> None:
         super().__init__(daemon=True)
         self.dsn, self.root = dsn, root
         self.stop = threading.Event()
@@ -139,12 +146,24 @@ def test_sigkilled_service_loses_and_duplicates_nothing_and_never_acks_early(
     tmp_path: Path,
     spark,  # type: ignore[no-untyped-def]
 ) -> None:
+    killed_runs(pg_db, tmp_path, spark, tmp_path / "lake", {}, kills=3)
+
+
+def killed_runs(
+    pg_db: PgDatabase,
+    tmp_path: Path,
+    spark: Any,
+    root: Path | str,
+    extra_env: dict[str, str],
+    kills: int,
+) -> None:
+    """The service SIGKILLed ``kills`` times at random points of a workload, then every
+    shape compared with Postgres, and every sampled acknowledgement with the tables."""
     pg_db.execute(
         "create table items (id int primary key, grp int, payload text);"
         "alter table items replica identity full"
     )
     port = free_port()
-    root = tmp_path / "lake"
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "service"),
@@ -158,6 +177,7 @@ def test_sigkilled_service_loses_and_duplicates_nothing_and_never_acks_early(
         "TIDEMARK_SHAPES": json.dumps(SHAPES),
         "TIDEMARK_LOG_FORMAT": "json",
         "TIDEMARK_CONFIG": str(tmp_path / "none.toml"),
+        **extra_env,
     }
     log = tmp_path / "service.log"
     workload = Workload(pg_db.dsn)
@@ -168,7 +188,7 @@ def test_sigkilled_service_loses_and_duplicates_nothing_and_never_acks_early(
         wait_streaming(port, proc)
         workload.start()
         sampler.start()
-        for _ in range(3):
+        for _ in range(kills):
             time.sleep(rng.uniform(2.0, 6.0))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)

@@ -313,3 +313,31 @@ def test_config_check_says_a_root_on_s3_works(
     output = check.stdout + check.stderr
     assert "written, read and removed a file" in output, output
     assert server.credential not in output
+
+
+def test_a_service_sigkilled_five_times_on_s3_loses_and_duplicates_nothing(
+    pg_db: PgDatabase, spark: Any, store: tuple[S3Proxy, Proxy], proxy: Proxy, tmp_path: Path
+) -> None:
+    """``tidemark run`` (a real process, its own Spark with S3A) on an ``s3://`` root,
+    SIGKILLed five times during rounds under 20 ms of latency per request: every shape
+    equals Postgres, no ``(_lsn, _op)`` twice, and no sampled acknowledgement ever
+    passed what the tables on the store held."""
+    from .test_e2e_crash import killed_runs
+
+    server = store[0]
+    secret = tmp_path / "s3-secret"
+    secret.write_text(server.credential)
+    root = f"s3://{BUCKET}/{secrets.token_hex(4)}/killed"
+    objectstore.configure(objectstore.S3Access(**s3_settings(server, proxy)))
+    proxy.latency(20)
+    env = {
+        "TIDEMARK_SINK__ROOT": root,
+        "TIDEMARK_CURRENT__ENABLED": "false",
+        "TIDEMARK_S3__ENDPOINT": proxy.endpoint,
+        "TIDEMARK_S3__REGION": REGION,
+        "TIDEMARK_S3__PATH_STYLE": "true",
+        "TIDEMARK_S3__ACCESS_KEY_ID": server.identity,
+        "TIDEMARK_S3__SECRET_ACCESS_KEY_FILE": str(secret),
+        "TIDEMARK_SPARK__WARM_UP": "false",
+    }
+    killed_runs(pg_db, tmp_path, spark, root, env, kills=5)
