@@ -27,6 +27,7 @@ SECTIONS = (
     "parquet",
     "metrics",
     "shapes",
+    "object-store",
     "streamed",
     "backfill",
     "read",
@@ -128,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[FORMAT_ENV] = fmt
                 per_format[fmt] = shapes_bench.main()
             _compare_formats("shapes", per_format, ["ready_s", "lag_p99_s", "drain_s"])
+        elif section == "object-store":
+            from bench import object_store_bench
+
+            object_store_bench.main()
         elif section == "streamed":
             from bench import streamed_bench
 

@@ -44,33 +44,36 @@ CURRENT = os.environ.get("TIDEMARK_BENCH_CURRENT", "1") != "0"
 WARM = os.environ.get("TIDEMARK_BENCH_WARM", "1") != "0"
 
 
-def _settings(pg: EmbeddedPostgres, db: str, root: Path, shapes: int) -> Any:
+def _settings(
+    pg: EmbeddedPostgres, db: str, root: Path | str, shapes: int, extra: dict[str, Any]
+) -> Any:
     from tidemark.config import Settings
 
-    return Settings.model_validate(
-        {
-            "source": {"dsn": pg.dsn(db), "slot": f"bench_{shapes}", "publication": "grp_pub"},
-            "sink": {
-                "root": str(root),
-                "sync": sink_sync(),
-                "sync_method": sink_sync_method(),
-                "format": sink_format(),
-            },
-            "http": {"port": 0},
-            "monitor": {"period_s": 0.5},
-            "current": {"enabled": CURRENT},
-            "spark": {"warm_up": WARM},
-            "flush": {
-                **({"max_age_s": float(MAX_AGE)} if MAX_AGE else {}),
-                **({"min_age_s": float(MIN_AGE)} if MIN_AGE else {}),
-            },
-            "log_level": "warning",
-            "shapes": [
-                {"name": f"g{k}", "table": "public.grp_items", "where": f"grp = {k}"}
-                for k in range(shapes)
-            ],
-        }
-    )
+    data: dict[str, Any] = {
+        "source": {"dsn": pg.dsn(db), "slot": f"bench_{db}", "publication": "grp_pub"},
+        "sink": {
+            "root": str(root),
+            "sync": sink_sync(),
+            "sync_method": sink_sync_method(),
+            "format": sink_format(),
+        },
+        "http": {"port": 0},
+        "monitor": {"period_s": 0.5},
+        "current": {"enabled": CURRENT},
+        "spark": {"warm_up": WARM},
+        "flush": {
+            **({"max_age_s": float(MAX_AGE)} if MAX_AGE else {}),
+            **({"min_age_s": float(MIN_AGE)} if MIN_AGE else {}),
+        },
+        "log_level": "warning",
+        "shapes": [
+            {"name": f"g{k}", "table": "public.grp_items", "where": f"grp = {k}"}
+            for k in range(shapes)
+        ],
+    }
+    for key, value in extra.items():
+        data[key] = {**data.get(key, {}), **value}
+    return Settings.model_validate(data)
 
 
 def _prepare(pg: EmbeddedPostgres, db: str) -> None:
@@ -104,14 +107,27 @@ def _load(dsn: str, shapes: int, commits: list[tuple[int, float]]) -> int:
     return next_id - 1
 
 
-async def _run(pg: EmbeddedPostgres, spark: Any, shapes: int) -> dict[str, float]:
+async def _run(
+    pg: EmbeddedPostgres,
+    spark: Any,
+    shapes: int,
+    root: str | None = None,
+    extra: dict[str, Any] | None = None,
+    tag: str = "",
+) -> dict[str, float]:
+    """One run of N shapes; ``root`` (default: a fresh temporary folder) and ``extra``
+    settings (by section) for the object-store section; ``tag`` tells the run's
+    database apart from another run of the same N."""
     from tidemark.app import Service
 
-    db = f"shapes_{shapes}"
+    db = f"shapes_{shapes}{tag}"
     _prepare(pg, db)
     dsn = pg.dsn(db)
-    root = Path(tempfile.mkdtemp(prefix=f"tidemark-bench-shapes-{shapes}-"))
-    service = Service(_settings(pg, db, root, shapes), spark=spark)
+    local = root is None
+    where: Path | str = (
+        Path(tempfile.mkdtemp(prefix=f"tidemark-bench-shapes-{shapes}-")) if root is None else root
+    )
+    service = Service(_settings(pg, db, where, shapes, extra or {}), spark=spark)
     started = time.perf_counter()
     task = asyncio.create_task(service.run())
     try:
@@ -132,7 +148,7 @@ async def _run(pg: EmbeddedPostgres, spark: Any, shapes: int) -> dict[str, float
                     row = conn.execute(
                         "select confirmed_flush_lsn::text from pg_replication_slots"
                         " where slot_name = %s",
-                        (f"bench_{shapes}",),
+                        (f"bench_{db}",),
                     ).fetchone()
                     acks.append((time.time(), int(Lsn.parse(row[0]))))  # type: ignore[index]
                     time.sleep(0.01)
@@ -177,13 +193,15 @@ async def _run(pg: EmbeddedPostgres, spark: Any, shapes: int) -> dict[str, float
             "commits_s": (scheduler.stats.commits - commits0) / elapsed,
             "per_round": (getattr(stats, "round_shapes", 0) - members0) / rounds if rounds else 0.0,
             "rows": rows,
+            "rounds": rounds,
         }
     finally:
         service.request_stop()
         try:
             await task
         finally:
-            shutil.rmtree(root, ignore_errors=True)
+            if local:
+                shutil.rmtree(where, ignore_errors=True)
 
 
 def main() -> list[dict[str, float]]:

@@ -35,6 +35,7 @@ import os
 import posixpath
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,9 +232,11 @@ class S3Access:
 
 
 class _S3:
-    """The process's S3 client and what it last saw of each key (its ETag)."""
+    """The process's S3 client, what it last saw of each key (its ETag), and how many
+    requests of each kind it made (``requests``: GET, HEAD, PUT, LIST, DELETE)."""
 
     def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
         self.access: S3Access | None = None
         self._client: Any = None
         self.arrow: Any = None  # a pyarrow S3FileSystem (``arrow_filesystem``)
@@ -256,6 +259,10 @@ class _S3:
                     )
                 self._client = self.access.client()
             return self._client
+
+    def count(self, kind: str) -> None:
+        with self._lock:
+            self.requests[kind] += 1
 
     def seen(self, uri: str, tag: str) -> None:
         with self._lock:
@@ -319,10 +326,23 @@ def _is_refused(exc: Exception) -> bool:
     return status == 412 or code in ("PreconditionFailed", "ConditionalRequestConflict")
 
 
+def note_request(kind: str) -> None:
+    """Count a request made to the store with pyarrow's client (``arrow_filesystem``)."""
+    _STORE.count(kind)
+
+
+def requests_made() -> dict[str, int]:
+    """The requests this process made through this module, by kind, and those noted
+    with ``note_request`` (not Spark's, not the Delta library's own)."""
+    with _STORE._lock:
+        return dict(_STORE.requests)
+
+
 def _get(uri: str) -> tuple[bytes, str] | None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = split(uri)
+    _STORE.count("GET")
     try:
         reply = _STORE.client().get_object(Bucket=bucket, Key=key)
         return reply["Body"].read(), reply["ETag"]
@@ -338,6 +358,7 @@ def _head_tag(uri: str) -> str:
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = split(uri)
+    _STORE.count("HEAD")
     try:
         return str(_STORE.client().head_object(Bucket=bucket, Key=key)["ETag"])
     except ClientError as exc:
@@ -354,6 +375,7 @@ def _put(uri: str, data: bytes, condition: dict[str, str]) -> str | None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = split(uri)
+    _STORE.count("PUT")
     try:
         reply = _STORE.client().put_object(Bucket=bucket, Key=key, Body=data, **condition)
         return str(reply["ETag"])
@@ -512,6 +534,7 @@ def listing(location: Location) -> list[Listed]:
     try:
         pages = _STORE.client().get_paginator("list_objects_v2")
         for page in pages.paginate(Bucket=bucket, Prefix=prefix):
+            _STORE.count("LIST")
             for item in page.get("Contents", ()):
                 found.append(
                     Listed(
@@ -542,6 +565,7 @@ def delete(locations: Iterable[Location]) -> None:
     for bucket, keys in remote.items():
         for start in range(0, len(keys), 1000):
             chunk = [{"Key": k} for k in keys[start : start + 1000]]
+            _STORE.count("DELETE")
             try:
                 _STORE.client().delete_objects(
                     Bucket=bucket, Delete={"Objects": chunk, "Quiet": True}

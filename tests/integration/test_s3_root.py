@@ -150,6 +150,14 @@ def check_every_reader(spark: Any, db: PgDatabase, root: str) -> None:
             assert pairs and max(pairs.values()) == 1, shape
 
 
+def s3a_counter(spark: Any, name: str) -> int:
+    """A counter of the session's S3A filesystem for the test's bucket."""
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI(f"s3a://{BUCKET}/"), conf)
+    return int(fs.getIOStatistics().counters().get(name) or 0)
+
+
 def confirmed_flush(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
@@ -179,7 +187,10 @@ async def test_a_delta_root_on_s3_equals_postgres(
         assert name in keys, sorted(keys)[:20]
     assert any(k.startswith("tables/rich/_delta_log/") for k in keys)
     assert any(k.startswith("tables/rich/data/") and k.endswith(".parquet") for k in keys)
-    assert not any("_temporary" in k for k in keys)  # written in place, no renames
+    assert not any("_temporary" in k for k in keys)
+    # written in place: S3A renamed nothing (a rename on S3 is a copy and a delete)
+    assert s3a_counter(spark, "op_rename") == 0
+    assert s3a_counter(spark, "object_put_request") > 0
 
     # 20 ms on every request, as on real S3; then a restart on the same root
     proxy.latency(20)

@@ -191,6 +191,7 @@ class TableFolder:
                 info = fs.get_file_info(where)
                 size = int(info.size)
                 modified = int(info.mtime.timestamp() * 1000) if info.mtime else 0
+            objectstore.note_request("FOOTER")  # (pyarrow: a HEAD and a ranged GET or two)
             rows, stats = file_stats(where, fs)
             if rows == 0:
                 return None

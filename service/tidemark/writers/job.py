@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.durable import SyncFailed, SyncSet
 from tidemark.errors import SinkError
 from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
@@ -87,8 +87,28 @@ def write_arrow(
     with arrow_frames(spark, arrow, spark_schema(schema), scratch) as frames:
         for rows, frame in frames:
             files = max(1, -(-rows // ROWS_PER_FILE))
-            frame.coalesce(files).write.mode("append").parquet(str(folder))
+            write_files(spark, frame.coalesce(files), table, folder)
     return table.files_in(rel)
+
+
+def write_files(spark: Any, frame: Any, table: ChangelogTable, folder: Path | str) -> None:
+    """Spark writes ``frame`` as Parquet files into ``folder`` (a batch's new folder).
+    For a table on an object store, in place (``DirectPartitionCommitProtocol``: the
+    frame partitioned by ``_tm_dest``, the job's own output a local scratch folder), so
+    no ``_temporary`` folder is made on the store and no file is renamed there (S3A's
+    rename is a copy and a delete of each file)."""
+    if not table.remote or not writes_in_place(spark):
+        frame.write.mode("append").parquet(str(folder))
+        return
+    from pyspark.sql import functions as F
+
+    scratch = objectstore.local_dir(table.root) / "_writes" / str(uuid.uuid4())
+    try:
+        frame.withColumn(DIRECT_COLUMN, F.lit(str(folder))).write.partitionBy(DIRECT_COLUMN).mode(
+            "append"
+        ).parquet(str(scratch))
+    finally:
+        fencing.clear(scratch)
 
 
 @contextmanager
@@ -220,7 +240,7 @@ def rewrite_spooled(
     files = max(1, -(-txn.rows // ROWS_PER_FILE))
     if spread:
         files = max(files, min(len(txn.files), default_parallelism(spark)))
-    frame.select(*target.fieldNames()).coalesce(files).write.mode("append").parquet(str(folder))
+    write_files(spark, frame.select(*target.fieldNames()).coalesce(files), table, folder)
     return table.files_in(rel)
 
 

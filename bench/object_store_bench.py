@@ -1,0 +1,131 @@
+"""An ``s3://`` sink root against local disk, in the same run: the ``shapes`` workload
+(N equality shapes, 5k rows/s in 100-row transactions for 30 s) with Delta tables on
+local disk, then on a real S3 server (S3Proxy, started here) behind Toxiproxy adding
+20 ms to every reply, as a region's S3 does. Current-state tables are off in both (a
+bucket holds changelog tables only so far), so the two runs do the same work.
+
+Printed per N: ready time, ack lag p50/p99, drain, and the S3 run's p99 against the
+local one's (issue 52's goal: at most 2x at 1000 shapes); then the requests the S3 run
+made per flush round, by kind: Spark's through S3A (its own counters) and tidemark's
+(``tidemark.objectstore``: state files, log entries, listings, footers). Needs
+``make objectstore`` (S3Proxy's jar, Toxiproxy, the S3A jars).
+
+Usage: ``python -m bench object-store`` (N = 100, 1000; ``TIDEMARK_BENCH_SHAPES`` to
+choose).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import shapes_bench
+from tidemark.embedded import EmbeddedPostgres
+
+LATENCY_MS = 20
+TARGET_P99_RATIO = 2.0
+BUCKET = "bench"
+
+
+def _s3a_counters(spark: Any) -> dict[str, int]:
+    """S3A's request counters of the session's filesystem for the bench's bucket."""
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI(f"s3a://{BUCKET}/"), conf)
+    counters = fs.getIOStatistics().counters()
+    wanted = (
+        "object_put_request",
+        "object_list_request",
+        "object_metadata_request",
+        "action_http_get_request",
+        "object_delete_request",
+        "multipart_upload_completed",
+    )
+    return {name: int(counters.get(name) or 0) for name in wanted}
+
+
+def main() -> list[dict[str, float]]:
+    from tests.integration.object_store_support import object_store
+
+    from tidemark import objectstore
+    from tidemark.spark import build_session, configure_s3a, s3a_jars, with_s3a
+
+    counts = [int(n) for n in os.environ.get("TIDEMARK_BENCH_SHAPES", "100,1000").split(",")]
+    print(
+        f"== object-store: the shapes workload with Delta tables on local disk, then on "
+        f"S3Proxy behind Toxiproxy (+{LATENCY_MS} ms a reply), one Spark session =="
+    )
+    spark = build_session(conf=with_s3a({}, s3a_jars()))
+    spark.createDataFrame([(1,)], "a int").collect()  # warm the JVM
+    results: list[dict[str, float]] = []
+    workdir = Path(tempfile.mkdtemp(prefix="tidemark-bench-s3-"))
+    with object_store(workdir, BUCKET) as (server, proxy), EmbeddedPostgres() as pg:
+        proxy.latency(LATENCY_MS)
+        s3 = {
+            "endpoint": proxy.endpoint,
+            "region": "us-east-1",
+            "path_style": True,
+            "access_key_id": server.identity,
+            "secret_access_key": server.credential,
+        }
+        # (S3A's filesystem for the bucket is made, and cached, by the first use)
+        configure_s3a(spark, BUCKET, objectstore.S3Access(**s3).hadoop_conf())
+        print(
+            f"{'shapes':>6} {'root':>5} {'ready':>8} {'lag p50':>8} {'lag p99':>8} {'drain':>7}"
+            f" {'commits/s':>10} {'shapes/job':>10}"
+        )
+        for n in counts:
+            local = {"lag_p99_s": 0.0}
+            if os.environ.get("TIDEMARK_BENCH_DISK", "1") != "0":  # ("0": the S3 run only)
+                local = asyncio.run(
+                    shapes_bench._run(pg, spark, n, extra={"current": {"enabled": False}}, tag="l")
+                )
+                _row(n, "disk", local)
+            root = f"s3://{BUCKET}/{secrets.token_hex(3)}/shapes-{n}"
+            before_py = objectstore.requests_made()
+            before_jvm = _s3a_counters(spark)
+            remote = asyncio.run(
+                shapes_bench._run(
+                    pg,
+                    spark,
+                    n,
+                    root=root,
+                    extra={"current": {"enabled": False}, "s3": s3},
+                    tag="s",
+                )
+            )
+            after_py = objectstore.requests_made()
+            after_jvm = _s3a_counters(spark)
+            ratio = remote["lag_p99_s"] / local["lag_p99_s"] if local["lag_p99_s"] else 0.0
+            _row(n, "s3", remote, f"  p99 {ratio:.2f}x disk (target <= {TARGET_P99_RATIO:.0f}x)")
+            rounds = max(1.0, remote.get("rounds", 0.0))
+            python = {k: after_py.get(k, 0) - before_py.get(k, 0) for k in after_py}
+            jvm = {k: after_jvm[k] - before_jvm.get(k, 0) for k in after_jvm}
+            print(
+                f"{'':>13} requests a round ({rounds:.0f} rounds): tidemark "
+                + " ".join(f"{k} {v / rounds:.1f}" for k, v in sorted(python.items()) if v)
+                + "; S3A "
+                + " ".join(
+                    f"{k.replace('object_', '').replace('_request', '')} {v / rounds:.1f}"
+                    for k, v in jvm.items()
+                    if v
+                )
+            )
+            results.append({"shapes": n, "p99_ratio": ratio, **remote})
+    return results
+
+
+def _row(n: int, root: str, out: dict[str, float], note: str = "") -> None:
+    print(
+        f"{n:>6} {root:>5} {out['ready_s']:>7.1f}s {out['lag_p50_s']:>7.2f}s"
+        f" {out['lag_p99_s']:>7.2f}s {out['drain_s']:>6.1f}s {out['commits_s']:>10.1f}"
+        f" {out['per_round']:>10.1f}{note}"
+    )
+
+
+if __name__ == "__main__":
+    main()
