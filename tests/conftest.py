@@ -26,6 +26,7 @@ SLOWEST_FIRST = (
     "test_power_loss",
     "test_sink_crash",
     "test_e2e",
+    "test_s3_root",
     "test_streamed_transactions",
     "test_deposed_leader",
     "test_current",
