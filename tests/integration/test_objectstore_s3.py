@@ -319,3 +319,36 @@ def test_two_writers_racing_for_the_same_log_versions_on_s3_commit_each_once(
         lsn for first, end in ranges for lsn in range(first, end + 1)
     ]
     assert table.committed_lsn() == ranges[-1][1]
+
+
+def test_a_multipart_upload_left_incomplete_is_invisible_and_cannot_replace_an_entry(
+    store: tuple[S3Proxy, Proxy], proxy: Proxy
+) -> None:
+    """A writer killed during a multipart upload (S3A uploads a large file in parts)
+    leaves an upload the store keeps but lists nowhere: a listing of the batch's
+    folder (what a commit adds) does not see it, a log entry is put at that key
+    meanwhile, and the old upload completed afterwards cannot replace the entry."""
+    server = store[0]
+    s3 = s3_client(server.endpoint)
+    folder = uri("")
+    entry = objectstore.join(folder, "_delta_log", "00000000000000000001.json")
+    bucket, key = objectstore.split(str(entry))
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    part = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"zombie")
+    data_key = objectstore.split(str(objectstore.join(folder, "data", "b", "part-0.parquet")))[1]
+    s3.create_multipart_upload(Bucket=bucket, Key=data_key)
+    assert objectstore.listing(folder) == []  # neither upload is an object
+    assert objectstore.read(entry) is None
+    assert objectstore.put_if_absent(entry, b"the commit")
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError) as refused:
+        s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
+            IfNoneMatch="*",
+        )
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    assert objectstore.read(entry) == b"the commit"
