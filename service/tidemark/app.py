@@ -606,7 +606,8 @@ class Service:
         timed refresh. Within what is left of the grace; a refresh already running ends
         first. A failure is logged: the tables stay readable as of their last refresh."""
         keeper = self.keeper
-        if keeper is None or seconds <= 0 or not self.settings.current.fold_on_stop:
+        current = self.settings.current
+        if keeper is None or seconds <= 0 or not (current.enabled and current.fold_on_stop):
             return
         fence = fencing.current()
         if fence.suspended is not None or fence.deposed is not None:

@@ -97,7 +97,10 @@ class CurrentKeeper:
         return self._locks.setdefault(name, asyncio.Lock())
 
     def on_commit(self, shape: str, rows: int) -> None:
-        """A flush committed ``rows`` changelog rows for ``shape``."""
+        """A flush committed ``rows`` changelog rows for ``shape`` (nothing to fold when
+        current tables are off)."""
+        if not self.settings.current.enabled:
+            return
         state = self.track(shape)
         if rows:
             state.rows_waiting += rows

@@ -222,3 +222,24 @@ def test_current_table_and_reads_equal_the_source_through_refreshes_resyncs_and_
             continue
         rows = read.current(spark, root, lake.name, as_of=as_of).collect()
         assert as_state([r.asDict() for r in rows]) == lake.state_at(as_of), lake.name
+
+
+@pytest.mark.parametrize("pg_server", ["wheel"], indirect=True)
+async def test_a_clean_stop_folds_no_current_table_when_they_are_off(
+    pg_db: Any, spark: Any, tmp_path: Path
+) -> None:
+    """``[current] enabled = false`` with ``fold_on_stop`` as by default: the stop makes
+    no current table (it made one for every shape: the fold at stop did not ask whether
+    current tables were on)."""
+    from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+
+    pg_db.execute("create table items (id int primary key, body text)")
+    shapes = [{"name": "items", "table": "public.items"}]
+    config = settings_for(
+        pg_db.dsn, str(tmp_path), shapes, current={"enabled": False, "fold_on_stop": True}
+    )
+    async with running_service(config, spark) as service:
+        pg_db.execute("insert into items select g, 'x' from generate_series(1, 50) g")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    assert (tmp_path / "tables" / "items" / "_delta_log").is_dir()
+    assert not (tmp_path / "current").exists(), list((tmp_path / "current").iterdir())
