@@ -86,8 +86,13 @@ def main() -> list[dict[str, float]]:
                 )
                 _row(n, "disk", local)
             root = f"s3://{BUCKET}/{secrets.token_hex(3)}/shapes-{n}"
-            before_py = objectstore.requests_made()
-            before_jvm = _s3a_counters(spark)
+
+            def requests() -> dict[str, int]:
+                return {
+                    **objectstore.requests_made(),
+                    **{f"S3A {k}": v for k, v in _s3a_counters(spark).items()},
+                }
+
             remote = asyncio.run(
                 shapes_bench._run(
                     pg,
@@ -96,23 +101,18 @@ def main() -> list[dict[str, float]]:
                     root=root,
                     extra={"current": {"enabled": False}, "s3": s3},
                     tag="s",
+                    requests=requests,
                 )
             )
-            after_py = objectstore.requests_made()
-            after_jvm = _s3a_counters(spark)
             ratio = remote["lag_p99_s"] / local["lag_p99_s"] if local["lag_p99_s"] else 0.0
             _row(n, "s3", remote, f"  p99 {ratio:.2f}x disk (target <= {TARGET_P99_RATIO:.0f}x)")
             rounds = max(1.0, remote.get("rounds", 0.0))
-            python = {k: after_py.get(k, 0) - before_py.get(k, 0) for k in after_py}
-            jvm = {k: after_jvm[k] - before_jvm.get(k, 0) for k in after_jvm}
+            counted = {k[4:]: v for k, v in remote.items() if k.startswith("req ")}
             print(
-                f"{'':>13} requests a round ({rounds:.0f} rounds): tidemark "
-                + " ".join(f"{k} {v / rounds:.1f}" for k, v in sorted(python.items()) if v)
-                + "; S3A "
-                + " ".join(
+                f"{'':>13} during the load, per flush round ({rounds:.0f} rounds): "
+                + ", ".join(
                     f"{k.replace('object_', '').replace('_request', '')} {v / rounds:.1f}"
-                    for k, v in jvm.items()
-                    if v
+                    for k, v in sorted(counted.items())
                 )
             )
             results.append({"shapes": n, "p99_ratio": ratio, **remote})

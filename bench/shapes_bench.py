@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +115,12 @@ async def _run(
     root: str | None = None,
     extra: dict[str, Any] | None = None,
     tag: str = "",
+    requests: Callable[[], dict[str, int]] | None = None,
 ) -> dict[str, float]:
     """One run of N shapes; ``root`` (default: a fresh temporary folder) and ``extra``
     settings (by section) for the object-store section; ``tag`` tells the run's
-    database apart from another run of the same N."""
+    database apart from another run of the same N; ``requests``: counters read at the
+    start and the end of the load (their differences returned as ``req <name>``)."""
     from tidemark.app import Service
 
     db = f"shapes_{shapes}{tag}"
@@ -161,6 +164,7 @@ async def _run(
         commits0 = stats.commits
         rounds0, members0 = getattr(stats, "rounds", 0), getattr(stats, "round_shapes", 0)
         commits: list[tuple[int, float]] = []
+        counted = requests() if requests else {}
         load_started = time.perf_counter()
         rows = await asyncio.to_thread(_load, dsn, shapes, commits)
         load_ended = time.time()
@@ -170,6 +174,9 @@ async def _run(
                 task.result()
             await asyncio.sleep(0.02)
         drain_s = time.time() - load_ended
+        if requests:
+            ended = requests()
+            counted = {k: ended.get(k, 0) - counted.get(k, 0) for k in ended}
         elapsed = time.perf_counter() - load_started
         stop.set()
         sampler.join()
@@ -194,6 +201,7 @@ async def _run(
             "per_round": (getattr(stats, "round_shapes", 0) - members0) / rounds if rounds else 0.0,
             "rows": rows,
             "rounds": rounds,
+            **{f"req {k}": float(v) for k, v in counted.items() if v},
         }
     finally:
         service.request_stop()

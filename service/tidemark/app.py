@@ -99,6 +99,10 @@ AUDIT_TABLES_PER_ROUND = 50
 DEPOSED_EXIT_S = 15.0
 
 
+# commits of a round at once on an s3:// root (8 on disk): each is a few requests
+OBJECT_STORE_COMMITS = 32
+
+
 class Service:
     def __init__(
         self,
@@ -149,6 +153,8 @@ class Service:
             concurrency=flush.concurrency,
             memory_budget=flush.memory_budget_bytes,
             stage_bytes=flush.stage_bytes,
+            # a commit on an object store waits on requests, not on the CPU
+            **({"commit_concurrency": OBJECT_STORE_COMMITS} if remote else {}),
         )
         lease = settings.lease
         self.lease: LeaderLease | None = (

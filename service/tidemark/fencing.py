@@ -20,7 +20,11 @@ event loop resumes. The *epoch* stops it:
 - every other write under the root (state files, staging and spool clean-ups, vacuum,
   a new table) reads ``leader.json`` first (``Fence.check``). A pause between that read
   and the write is not covered: the bound on those writes is the lease deadline below
-  for a leader that runs, and nothing for one frozen exactly there (documented);
+  for a leader that runs, and nothing for one frozen exactly there (documented). On an
+  object store (an ``s3://`` root) the state files are replaced only if unchanged since
+  this process read them (``If-Match``: ``tidemark.objectstore``), so there the store
+  refuses a deposed leader's state write whatever the pause, and ``leader.json`` is
+  read at most every ``EPOCH_POLL_S`` (each read is a request);
 - a leader that cannot confirm its lease within ``[lease] deadline_s`` suspends every
   write (``suspend``: a write off the event loop waits for the lease, up to
   ``SUSPENDED_WAIT_S``, then fails and is retried; one on the loop fails at once;
@@ -127,6 +131,7 @@ class Fence:
         self.app_id = epoch_app(instance)
         self.deposed: str | None = None
         self.suspended: str | None = None
+        self._epoch_read_at = -EPOCH_POLL_S  # (monotonic: the last read on an object store)
         self._listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
         self._settled = threading.Event()  # not suspended (set) or deposed: no wait
@@ -160,6 +165,15 @@ class Fence:
 
     def _check_epoch(self) -> None:
         assert self.root is not None and self.epoch is not None
+        if not isinstance(self.root, Path):
+            # an object store: a read is a request (20 ms or more), and a round makes a
+            # few checks per shape; there the state files are fenced by the store itself
+            # (If-Match) and the commits by the tables' marks, so the file is read at
+            # most every EPOCH_POLL_S
+            now = time.monotonic()
+            if now - self._epoch_read_at < EPOCH_POLL_S:
+                return
+            self._epoch_read_at = now
         newest = read_epoch(self.root, self.instance)
         if newest > self.epoch:
             self.depose(
