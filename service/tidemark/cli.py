@@ -634,11 +634,14 @@ def _read_with_spark(
     args: argparse.Namespace, settings: Any, root: str, as_of: int | None, tables: Any
 ) -> Any:
     """The rows through the configured Spark (local, a cluster, or Spark Connect)."""
-    from tidemark import read
-    from tidemark.spark import build_session
+    from tidemark import objectstore, read
+    from tidemark.spark import build_session, s3a_jars, with_s3a
 
     cfg = settings.spark
-    spark = build_session(cfg.master, cfg.conf, "tidemark-read", cfg.remote)
+    conf = dict(cfg.conf)
+    if objectstore.is_remote(root) and not cfg.remote:
+        conf = with_s3a(conf, s3a_jars())
+    spark = build_session(cfg.master, conf, "tidemark-read", cfg.remote)
     if args.changelog:
         frame = read.changelog(spark, root, args.shape, tables).orderBy("_lsn", "_op")
         if as_of is not None:

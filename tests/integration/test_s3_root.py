@@ -13,6 +13,7 @@ and everything arrives once the store is back.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import subprocess
 import sys
@@ -198,6 +199,28 @@ async def test_a_delta_root_on_s3_equals_postgres(
         await workload(pg_db, 2000)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
     check_every_reader(spark, pg_db, root)
+
+    # the command line reads the bucket with [s3] from a settings file: tidemark read
+    # (pyarrow), tidemark read --spark (its own Spark, S3A on its class path), tables
+    secret = tmp_path / "s3-secret"
+    secret.write_text(server.credential)
+    config = tmp_path / "read.toml"
+    config.write_text(
+        f'[sink]\nroot = "{root}"\n[current]\nenabled = false\n'
+        f'[s3]\nendpoint = "{proxy.endpoint}"\npath_style = true\n'
+        f'access_key_id = "{server.identity}"\nsecret_access_key_file = "{secret}"\n'
+    )
+    with psycopg.connect(pg_db.dsn) as conn:
+        truth = Counter(tuple(map(normalise, r)) for r in conn.execute(TRUTH["gold"]).fetchall())
+    for spark_flag in ([], ["--spark"]):
+        done = run_cli("read", "gold", "--config", str(config), "-o", "json", *spark_flag)
+        assert done.returncode == 0, done.stderr[-2000:]
+        rows = json.loads(done.stdout)["rows"]
+        got = Counter((r["id"], r["owner"], r["tier"]) for r in rows)
+        assert got == truth, spark_flag
+    listed = run_cli("tables", "--config", str(config), "-o", "json")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert sorted(t["shape"] for t in json.loads(listed.stdout)) == sorted(TRUTH)
 
     # Polars reads the same table from the bucket (delta-rs underneath)
     import polars as pl
