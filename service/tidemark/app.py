@@ -81,7 +81,13 @@ from tidemark.shapeset import ShapeSet, ShapeStatus
 from tidemark.sink import table_format
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
 from tidemark.sink.root import claim_root
-from tidemark.spark import configure_s3a, in_background, s3a_jars, with_s3a
+from tidemark.spark import (
+    configure_s3a,
+    in_background,
+    object_store_master,
+    s3a_jars,
+    with_s3a,
+)
 from tidemark.stalls import Stall, StallWatch
 from tidemark.stream.consumer import StreamConsumer
 from tidemark.upkeep import CurrentKeeper
@@ -279,11 +285,13 @@ class Service:
 
                 spark_cfg = settings.spark
                 conf = dict(spark_cfg.conf)
+                master = spark_cfg.master
                 if objectstore.is_remote(settings.sink.root):
                     conf = with_s3a(conf, s3a_jars())
+                    master = object_store_master(master)
                 self.spark = await asyncio.to_thread(
                     build_session,
-                    spark_cfg.master,
+                    master,
                     conf,
                     spark_cfg.app_name,
                     spark_cfg.remote,

@@ -372,3 +372,19 @@ def configure_s3a(spark: Any, bucket: str, hadoop: Mapping[str, str]) -> None:
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     for key, value in hadoop.items():
         conf.set(key.replace("fs.s3a.", f"fs.s3a.bucket.{bucket}.", 1), value)
+
+
+# task slots of a local session writing to an object store: a write task waits on the
+# store's replies, not on the CPU (100 shapes on S3 behind 20 ms: a round's Spark job
+# 7.2-8.5 s in local[2], 1.8-3.1 s in local[8], `python -m bench object-store`)
+OBJECT_STORE_SLOTS: Final = 8
+_LOCAL_N = re.compile(r"local\[(\d+)\]")
+
+
+def object_store_master(master: str) -> str:
+    """``local[N]`` with at least ``OBJECT_STORE_SLOTS`` slots for a root on an object
+    store; any other master as it is."""
+    found = _LOCAL_N.fullmatch(master)
+    if found is None or int(found.group(1)) >= OBJECT_STORE_SLOTS:
+        return master
+    return f"local[{OBJECT_STORE_SLOTS}]"
