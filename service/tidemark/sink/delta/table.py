@@ -88,7 +88,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -735,20 +735,8 @@ class ShapeTable(TableFolder):
                 synced = SyncSet()
                 synced.folder(self.path)
                 synced.sync()
-            self._dt = self._head = self._schema0 = None
-            try:
-                active = self._active_files(self._handle())
-            except Exception as exc:
-                raise TableDamaged(self._damaged(f"its Delta log cannot be read: {exc}")) from exc
-            missing = [p for p, size in active if not _has_size(self.path / p, size)]
-            if missing:
-                raise TableDamaged(
-                    self._damaged(
-                        f"{len(missing)} data file(s) its log names are missing or cut short, "
-                        f"e.g. {missing[0]}"
-                    )
-                )
-            self._keep_transactions()
+            folder = self.path
+            self._open_checked(lambda p, size: _has_size(folder / p, size))
             return True
 
     def _recover_remote(self) -> bool:
@@ -757,13 +745,19 @@ class ShapeTable(TableFolder):
         listing of ``data/`` (one LIST, not a request per file)."""
         if not self.exists():
             return False
+        sizes = {f"data/{f.name}": f.size for f in objectstore.listing(self.location("data"))}
+        self._open_checked(lambda p, size: sizes.get(p) == size)
+        return True
+
+    def _open_checked(self, whole: Callable[[str, int], bool]) -> None:
+        """The table opened afresh, and every file its log names ``whole`` (there, with
+        its size); ``TableDamaged`` otherwise. Then ``_keep_transactions``."""
         self._dt = self._head = self._schema0 = None
         try:
             active = self._active_files(self._handle())
         except Exception as exc:
             raise TableDamaged(self._damaged(f"its Delta log cannot be read: {exc}")) from exc
-        sizes = {f"data/{f.name}": f.size for f in objectstore.listing(self.location("data"))}
-        missing = [p for p, size in active if sizes.get(p) != size]
+        missing = [p for p, size in active if not whole(p, size)]
         if missing:
             raise TableDamaged(
                 self._damaged(
@@ -772,7 +766,6 @@ class ShapeTable(TableFolder):
                 )
             )
         self._keep_transactions()
-        return True
 
     def _keep_transactions(self) -> None:
         """The committed offsets, the generation and the epoch marks are application
