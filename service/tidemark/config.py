@@ -265,7 +265,7 @@ class IcebergSettings(_Section):
         description="the catalog: empty for a SQLite file under the sink root "
         "(_tidemark/iceberg.db, nothing to run), postgresql://user:pass@host/db (a "
         "PostgreSQL database; tidemark creates its two tables), sqlite:///path, or "
-        "http(s)://host/... (an Iceberg REST catalog)",
+        "http(s)://host/... (an Iceberg REST catalog); required with an s3:// root",
     )
     namespace: str = Field(
         default="tidemark",
@@ -532,7 +532,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _object_store_root(self) -> Settings:
-        """An ``s3://`` root: what it holds so far (Delta changelog tables)."""
+        """An ``s3://`` root: what it holds so far (changelog tables; Iceberg's with a
+        catalog of their own)."""
         root = self.sink.root
         scheme = root.partition("://")[0].lower() if "://" in root else ""
         if scheme and scheme != "s3":
@@ -549,11 +550,12 @@ class Settings(BaseSettings):
                 f"[sink] root = {root!r}: {bucket!r} is not a bucket name (3-63 lower-case "
                 "letters, digits, dots and hyphens); write s3://bucket/prefix"
             )
-        if self.sink.format != "delta":
+        if self.sink.format == "iceberg" and not self.iceberg.catalog_uri:
             raise ValueError(
-                f'[sink] root = {root!r} with format = "{self.sink.format}": an object-store '
-                'root holds Delta tables so far: set [sink] format = "delta", or use a local '
-                "root for Iceberg"
+                f'[sink] root = {root!r} with format = "iceberg": the default catalog is a '
+                "SQLite file under the root, which an object store cannot hold: set [iceberg] "
+                "catalog_uri to a catalog every instance reaches (postgresql://user@host/db, "
+                "or an Iceberg REST catalog's http(s):// URL)"
             )
         if self.current.enabled:
             raise ValueError(

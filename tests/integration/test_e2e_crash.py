@@ -22,10 +22,12 @@ from typing import Any
 import psycopg
 from deltalake import DeltaTable
 
-from tidemark import objectstore
+from tidemark import objectstore, read
 from tidemark.embedded import free_port
+from tidemark.errors import SinkError
 from tidemark.lsn import Lsn
 from tidemark.sink.delta.table import table_path
+from tidemark.sink.root import root_format
 from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
@@ -83,13 +85,16 @@ def committed_lsns(
 ) -> list[tuple[int, int]]:
     """(_lsn, _op) of every committed row; ``stream_only`` leaves out backfill rows,
     which come from a snapshot, not from the acknowledged stream."""
-    path = str(table_path(root, shape))
-    options = objectstore.storage_options(path)
-    if not DeltaTable.is_deltatable(path, storage_options=options):
-        return []
-    table = DeltaTable(path, storage_options=options).to_pyarrow_table(
-        columns=["_lsn", "_op", "_kind"]
-    )
+    if root_format(root).name == "iceberg":
+        try:
+            table = read.arrow_changelog(root, shape)
+        except SinkError:  # (no table yet)
+            return []
+        table = table.select(["_lsn", "_op", "_kind"])
+    else:
+        table = _delta_changes(root, shape)
+        if table is None:
+            return []
     return [
         (lsn, op)
         for lsn, op, kind in zip(
@@ -97,6 +102,17 @@ def committed_lsns(
         )
         if not (stream_only and kind == "snapshot")
     ]
+
+
+def _delta_changes(root: Path | str, shape: str) -> Any:
+    """The Delta changelog's rows as deltalake reads them (None: no table yet)."""
+    path = str(table_path(root, shape))
+    options = objectstore.storage_options(path)
+    if not DeltaTable.is_deltatable(path, storage_options=options):
+        return None
+    return DeltaTable(path, storage_options=options).to_pyarrow_table(
+        columns=["_lsn", "_op", "_kind"]
+    )
 
 
 class Sampler(threading.Thread):

@@ -251,14 +251,26 @@ def _batch_files(table: Any, first: int, end: int) -> list[Any]:
     return table.files_in(rel)  # type: ignore[no-any-return]
 
 
-def _race(access: S3Access, root: str, offset: int, start: Any, out: Any) -> None:
+def _table(root: str, catalog: str) -> Any:
+    """The raced changelog: Delta (``catalog`` empty), or Iceberg in that catalog."""
+    if not catalog:
+        from tidemark.sink.delta.table import ShapeTable
+
+        return ShapeTable(root, SHAPE)
+    from tidemark.config import IcebergSettings
+    from tidemark.sink.iceberg.format import IcebergFormat
+
+    return IcebergFormat(IcebergSettings(catalog_uri=catalog)).changelog(root, SHAPE)
+
+
+def _race(access: S3Access, root: str, catalog: str, offset: int, start: Any, out: Any) -> None:
     """One process committing batches shifted by ``offset`` from the other's, each
-    round at the same moment (a barrier), so that both try the same log version."""
+    round at the same moment (a barrier), so that both try the same log version (or
+    Iceberg snapshot)."""
     from tidemark.errors import WriterFenced
-    from tidemark.sink.delta.table import ShapeTable
 
     objectstore.configure(access)
-    table = ShapeTable(root, SHAPE)
+    table = _table(root, catalog)
     committed, fenced, skipped = [], 0, 0
     for i in range(ROUNDS):
         first = offset + i * BATCH + 1
@@ -277,17 +289,17 @@ def _race(access: S3Access, root: str, offset: int, start: Any, out: Any) -> Non
     out.put((offset, committed, fenced, skipped))
 
 
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 def test_two_writers_racing_for_the_same_log_versions_on_s3_commit_each_once(
-    store: tuple[S3Proxy, Proxy], proxy: Proxy
+    store: tuple[S3Proxy, Proxy], proxy: Proxy, tmp_path: Path, table_format: str
 ) -> None:
-    """Two processes commit overlapping batches to one Delta table on S3, round after
-    round, both aiming at the same next log version: the store makes each version
-    once (If-None-Match), the loser re-reads and is refused or skips, and every
-    transaction is in the table exactly once."""
+    """Two processes commit overlapping batches to one table on S3, round after round,
+    both aiming at the same next version: Delta's store makes each log version once
+    (If-None-Match), Iceberg's catalog swaps its pointer once per snapshot; the loser
+    re-reads and is refused or skips, and every transaction is in the table once."""
     import itertools
     import multiprocessing
 
-    from tidemark.sink.delta.table import ShapeTable
     from tidemark.sink.schema import ColumnSpec, table_schema
 
     from .sink_support import rows_of
@@ -296,11 +308,13 @@ def test_two_writers_racing_for_the_same_log_versions_on_s3_commit_each_once(
     root = f"s3://{BUCKET}/race-{secrets.token_hex(4)}"
     given = access(server, proxy.endpoint)
     objectstore.configure(given)
-    ShapeTable(root, SHAPE).create(table_schema([ColumnSpec("id", 23)]), ["id"], {})
+    catalog = f"sqlite:///{tmp_path / 'catalog.db'}" if table_format == "iceberg" else ""
+    _table(root, catalog).create(table_schema([ColumnSpec("id", 23)]), ["id"], {})
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Barrier(2), ctx.Queue()
     workers = [
-        ctx.Process(target=_race, args=(given, root, off, start, out)) for off in (0, BATCH // 2)
+        ctx.Process(target=_race, args=(given, root, catalog, off, start, out))
+        for off in (0, BATCH // 2)
     ]
     for w in workers:
         w.start()
@@ -312,7 +326,7 @@ def test_two_writers_racing_for_the_same_log_versions_on_s3_commit_each_once(
     for (_, end), (first, _) in itertools.pairwise(ranges):
         assert first > end, ranges
     assert sum(fenced for _, _, fenced, _ in results) > 0, results
-    table = ShapeTable(root, SHAPE)
+    table = _table(root, catalog)
     pairs = Counter((r["_lsn"], r["_op"]) for r in rows_of(table))
     assert max(pairs.values()) == 1
     assert sorted(lsn for lsn, _ in pairs) == [

@@ -229,6 +229,116 @@ async def test_a_delta_root_on_s3_equals_postgres(
     assert frame.height > 0 and {"owner", "tier", "_lsn", "_op"} <= set(frame.columns)
 
 
+@pytest.fixture
+def iceberg_catalog(pg_db: PgDatabase, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A PostgreSQL database of its own as the Iceberg catalog (the catalog an
+    object-store root needs), also for the readers (``TIDEMARK_ICEBERG__CATALOG_URI``)."""
+    from tidemark.sink.iceberg.catalog import forget_catalogs
+
+    name = f"{pg_db.name}_catalog"
+    with psycopg.connect(pg_db.server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    uri = pg_db.server.dsn_for(name)
+    monkeypatch.setenv("TIDEMARK_ICEBERG__CATALOG_URI", uri)
+    try:
+        yield uri
+    finally:
+        forget_catalogs()
+        with psycopg.connect(pg_db.server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'drop database if exists "{name}" with (force)')
+
+
+def iceberg_settings(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy, uri: str) -> Any:
+    return settings_for(
+        db.dsn,
+        root,
+        SHAPES,
+        s3=s3_settings(server, proxy),
+        current={"enabled": False},
+        sink={"format": "iceberg"},
+        iceberg={"catalog_uri": uri},
+    )
+
+
+def check_iceberg_readers(
+    spark: Any, db: PgDatabase, root: str, uri: str, server: S3Proxy, proxy: Proxy
+) -> None:
+    """Every shape, folded, equals Postgres through Spark (S3A) and ``tidemark.read``;
+    pyiceberg with its own catalog connection and S3 client reads every table from
+    the bucket, no change row twice."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    with psycopg.connect(db.dsn) as conn:
+        for shape, query in TRUTH.items():
+            result = compare_shape(spark, root, shape, query, db.dsn)
+            assert result.equal, result.describe()
+            expected = Counter(tuple(map(normalise, r)) for r in conn.execute(query))
+            got = read.arrow_current(root, shape)
+            columns = [c for c in got.column_names if c != "_lsn"]
+            rows = Counter(tuple(normalise(r[c]) for c in columns) for r in got.to_pylist())
+            assert rows == expected, shape
+    outside = SqlCatalog(
+        "tidemark",  # (the catalog's name in its tables: tidemark's)
+        uri=uri.replace("postgresql://", "postgresql+psycopg://", 1),
+        **{
+            "s3.endpoint": proxy.endpoint,
+            "s3.region": REGION,
+            "s3.access-key-id": server.identity,
+            "s3.secret-access-key": server.credential,
+        },
+    )
+    try:
+        for shape in TRUTH:
+            table = outside.load_table(("tidemark", shape))
+            assert table.location().startswith(f"{root}/tables/{shape}")
+            changes = table.scan(selected_fields=("_lsn", "_op")).to_arrow()
+            lsns, ops = (changes.column(c).to_pylist() for c in ("_lsn", "_op"))
+            pairs = Counter(zip(lsns, ops, strict=True))
+            assert pairs and max(pairs.values()) == 1, shape
+    finally:
+        outside.engine.dispose()
+
+
+async def test_an_iceberg_root_on_s3_equals_postgres(
+    pg_db: PgDatabase,
+    spark: Any,
+    store: tuple[S3Proxy, Proxy],
+    proxy: Proxy,
+    iceberg_catalog: str,
+) -> None:
+    """Iceberg tables on the bucket, registered in a PostgreSQL catalog: Spark writes
+    the data files in place through S3A, pyiceberg puts each metadata file with
+    ``If-None-Match`` and the catalog's swap commits. Under 20 ms a request, then a
+    restart on the same root."""
+    server = store[0]
+    root = f"s3://{BUCKET}/{secrets.token_hex(4)}/berg"
+    await pg_db.aexecute(SCHEMA)
+    await workload(pg_db, 1)
+    config = iceberg_settings(pg_db, root, server, proxy, iceberg_catalog)
+    puts_before = objectstore.requests_made().get("PUT", 0)
+    async with running_service(config, spark) as service:
+        await workload(pg_db, 1000)
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        ready, reasons = service.readiness()
+        assert ready, reasons
+    check_iceberg_readers(spark, pg_db, root, iceberg_catalog, server, proxy)
+    keys = {f.name for f in objectstore.listing(root)}
+    assert "_tidemark/format.json" in keys and "_tidemark/frontiers.json" in keys
+    assert any(k.startswith("tables/rich/metadata/") and k.endswith(".metadata.json") for k in keys)
+    assert any(k.startswith("tables/rich/data/") and k.endswith(".parquet") for k in keys)
+    assert not any("_temporary" in k or k.startswith("_tidemark/iceberg.db") for k in keys)
+    # the metadata files went through tidemark's conditional PUTs
+    assert objectstore.requests_made().get("PUT", 0) - puts_before > len(
+        [k for k in keys if k.endswith(".metadata.json")]
+    )
+
+    proxy.latency(20)
+    async with running_service(config, spark) as service:
+        await workload(pg_db, 2000)
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    check_iceberg_readers(spark, pg_db, root, iceberg_catalog, server, proxy)
+
+
 async def test_a_partition_of_the_store_holds_the_acknowledgement_back(
     pg_db: PgDatabase, spark: Any, store: tuple[S3Proxy, Proxy], proxy: Proxy
 ) -> None:
@@ -349,13 +459,20 @@ def test_config_check_says_a_root_on_s3_works(
     assert server.credential not in output
 
 
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 def test_a_service_sigkilled_five_times_on_s3_loses_and_duplicates_nothing(
-    pg_db: PgDatabase, spark: Any, store: tuple[S3Proxy, Proxy], proxy: Proxy, tmp_path: Path
+    pg_db: PgDatabase,
+    spark: Any,
+    store: tuple[S3Proxy, Proxy],
+    proxy: Proxy,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    table_format: str,
 ) -> None:
     """``tidemark run`` (a real process, its own Spark with S3A) on an ``s3://`` root,
     SIGKILLed five times during rounds under 20 ms of latency per request: every shape
     equals Postgres, no ``(_lsn, _op)`` twice, and no sampled acknowledgement ever
-    passed what the tables on the store held."""
+    passed what the tables on the store held. Iceberg: the catalog in PostgreSQL."""
     from .test_e2e_crash import killed_runs
 
     server = store[0]
@@ -374,4 +491,7 @@ def test_a_service_sigkilled_five_times_on_s3_loses_and_duplicates_nothing(
         "TIDEMARK_S3__SECRET_ACCESS_KEY_FILE": str(secret),
         "TIDEMARK_SPARK__WARM_UP": "false",
     }
+    if table_format == "iceberg":
+        env["TIDEMARK_SINK__FORMAT"] = "iceberg"
+        env["TIDEMARK_ICEBERG__CATALOG_URI"] = request.getfixturevalue("iceberg_catalog")
     killed_runs(pg_db, tmp_path, spark, root, env, kills=5)

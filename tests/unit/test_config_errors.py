@@ -370,3 +370,31 @@ def test_a_shape_is_numbered_from_one_as_the_file_has_it(
     code, err = run(capsys, "--config", path, "status")
     assert code == 2 and "[[shapes]] #2 name: Field required" in err, err
     assert "shapes.1" not in err
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"sink": {"root": "gs://lake/x"}}, "s3://bucket/prefix"),
+        ({"sink": {"root": "s3://Not_A_Bucket/x"}}, "is not a bucket name"),
+        ({"sink": {"root": "s3://lake/x"}, "current": {"enabled": True}}, "[current] enabled"),
+        (
+            {"sink": {"root": "s3://lake/x", "format": "iceberg"}, "current": {"enabled": False}},
+            "[iceberg] catalog_uri",
+        ),
+    ],
+)
+def test_an_object_store_root_says_what_it_needs(changes: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(require_dsn=False, **changes)
+    assert expected in str(caught.value)
+
+
+def test_an_iceberg_root_on_s3_with_its_own_catalog_is_accepted() -> None:
+    loaded = load_settings(
+        require_dsn=False,
+        sink={"root": "s3://lake/x", "format": "iceberg"},
+        current={"enabled": False},
+        iceberg={"catalog_uri": "postgresql://tm@db/catalog"},
+    )
+    assert loaded.sink.root == "s3://lake/x" and loaded.sink.format == "iceberg"

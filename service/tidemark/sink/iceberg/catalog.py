@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from tidemark import objectstore
 from tidemark.conninfo import redact_dsn, redact_text
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
@@ -39,8 +40,20 @@ _catalogs: dict[tuple[str, str, str], Catalog] = {}
 
 
 def catalog_uri(root: str | Path, uri: str = "") -> str:
-    """The catalog's URI as given, or the default SQLite file under ``root``."""
-    return uri or f"sqlite:///{Path(root).resolve() / CATALOG_FILE}"
+    """The catalog's URI as given, or the default SQLite file under ``root`` (a local
+    root only: ``tidemark.config`` asks for a catalog with an object-store root)."""
+    if uri:
+        return uri
+    if objectstore.is_remote(root):
+        raise SinkError(
+            f"the sink root {root} is on an object store, which cannot hold the default "
+            "SQLite catalog: set [iceberg] catalog_uri"
+        )
+    return f"sqlite:///{Path(root).resolve() / CATALOG_FILE}"
+
+
+def _root_key(root: str | Path) -> str:
+    return str(root) if objectstore.is_remote(root) else str(Path(root).resolve())
 
 
 def _sqlalchemy_uri(uri: str) -> str:
@@ -55,7 +68,7 @@ def open_catalog(root: str | Path, settings: IcebergSettings) -> Catalog:
     """The catalog of ``root``'s tables (one per root and URI in a process), its
     namespaces created; ``SinkError`` saying what to do when it cannot be reached."""
     uri = catalog_uri(root, settings.catalog_uri)
-    key = (str(Path(root).resolve()), uri, settings.namespace)
+    key = (_root_key(root), uri, settings.namespace)
     with _lock:
         found = _catalogs.get(key)
         if found is not None:
@@ -66,7 +79,9 @@ def open_catalog(root: str | Path, settings: IcebergSettings) -> Catalog:
 
 
 def _open(root: str | Path, uri: str, settings: IcebergSettings) -> Catalog:
-    warehouse = Path(root).resolve().as_uri()
+    # (an s3:// warehouse: its files go through the process's own S3 filesystem,
+    # ``iceberg.io``, so no credentials are among the catalog's properties)
+    warehouse = str(root) if objectstore.is_remote(root) else Path(root).resolve().as_uri()
     properties: dict[str, Any] = {
         "warehouse": warehouse,
         "py-io-impl": IO_IMPL,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.errors import SinkError
 from tidemark.sink import current, retention
 from tidemark.sink.current import current_path
@@ -74,13 +74,23 @@ class IcebergFormat(current.Refreshing):
         state.max_snapshots = self.settings.max_snapshots
         return state
 
-    def folders(self, root: str | Path, shape: str) -> tuple[Path, Path]:
+    def folders(self, root: str | Path, shape: str) -> tuple[Path | str, Path | str]:
+        if objectstore.is_remote(root):
+            return (
+                objectstore.join(root, "tables", shape),
+                objectstore.join(root, current.CURRENT_DIR, shape),
+            )
         return Path(root) / "tables" / shape, current_path(root, shape)
 
     def set_aside(self, table: ChangelogTable) -> Path:
         """Drop the damaged table from the catalog (its files stay) and move its folder
         to ``<root>/damaged/<shape>-<time>/``."""
         assert isinstance(table, IcebergChangelog)
+        if not isinstance(table.path, Path) or not isinstance(table.root, Path):
+            raise SinkError(
+                f"shape '{table.shape}': its damaged table {table.uri} cannot be set aside "
+                "on an object store yet: remove the shape and add it again"
+            )
         fencing.check()
         try:
             table.catalog.drop_table(table.ident)
@@ -103,6 +113,8 @@ class IcebergFormat(current.Refreshing):
             return sum(pool.map(lambda load: _mark(load, epoch, app_id), loaders))
 
     def recover_current(self, root: str | Path, shape: str) -> None:
+        if objectstore.is_remote(root):
+            return  # (no current tables on an object store yet: config refuses them)
         fencing.clear(current_path(root, shape) / current.STAGING_DIR)
         self.current(root, shape).recover()
 
@@ -123,9 +135,12 @@ class IcebergFormat(current.Refreshing):
 
     def table_stats(self, path: Path | str) -> tuple[int, int] | None:
         """(data files, manifests of the newest snapshot) of a table folder."""
-        path = Path(path)  # (Iceberg roots are local folders)
-        root, shape = path.parent.parent, path.name
-        if path.parent.name == "current":
+        if objectstore.is_remote(path):
+            root, kind, shape = str(path).rsplit("/", 2)
+        else:
+            path = Path(path)
+            root, kind, shape = str(path.parent.parent), path.parent.name, path.name
+        if kind == current.CURRENT_DIR:
             table = self.current(root, shape).loaded()
         else:
             table = self.changelog(root, shape).loaded()

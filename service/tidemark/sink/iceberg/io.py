@@ -18,6 +18,10 @@ and its folder (``fsync``), so that:
   commit the catalog refused (the new leader's epoch mark moved the table on), and
   those stay, named by no snapshot, as a refused Delta commit leaves its data files.
 
+On an object store (an ``s3://`` root) the file is one PUT with ``If-None-Match: *``
+(``objectstore.put_if_absent``), durable when it returns; the catalog's swap is the
+commit.
+
 The files are manifests, manifest lists and metadata files (kilobytes to megabytes):
 tidemark's data files are written by Spark, not through this IO.
 """
@@ -31,7 +35,7 @@ from typing import Any
 from pyiceberg.io import InputFile, OutputFile
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
-from tidemark import durable, fencing
+from tidemark import durable, fencing, objectstore
 
 
 class _WholeAtClose:
@@ -64,6 +68,10 @@ class _WholeAtClose:
         data = self._buffer.getvalue()
         self._buffer = io.BytesIO()
         fencing.check()
+        location = self._file.location
+        if location.startswith(S3_SCHEMES):
+            _put_object(location, data, self._overwrite)
+            return
         with PyArrowFile.create(self._file, self._overwrite) as stream:
             stream.write(data)
         path = self._file._path
@@ -76,6 +84,19 @@ class _WholeAtClose:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+
+
+def _put_object(location: str, data: bytes, overwrite: bool) -> None:
+    """A metadata file on the object store: one PUT, durable when it returns, and
+    never over another file unless pyiceberg asks to overwrite (``If-None-Match``)."""
+    uri = "s3://" + location.split("://", 1)[1]
+    if overwrite:
+        objectstore.replace(uri, data)
+    elif not objectstore.put_if_absent(uri, data):
+        raise FileExistsError(f"Cannot create file, already exists: {location}")
 
 
 def _fsync(path: str) -> None:
@@ -96,7 +117,14 @@ class _SyncedFile(PyArrowFile):
 
 
 class SyncedFileIO(PyArrowFileIO):
-    """``py-io-impl`` of tidemark's catalogs."""
+    """``py-io-impl`` of tidemark's catalogs. On an object store it reads through the
+    process's S3 filesystem (``objectstore.arrow_filesystem``: ``[s3]``'s endpoint and
+    the AWS credential chain), and writes each file with one conditional PUT."""
+
+    def _initialize_fs(self, scheme: str, netloc: str | None = None) -> Any:
+        if scheme in {"s3", "s3a", "s3n"}:
+            return objectstore.arrow_filesystem()
+        return super()._initialize_fs(scheme, netloc)
 
     def new_output(self, location: str) -> PyArrowFile:
         out = super().new_output(location)

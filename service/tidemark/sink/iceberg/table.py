@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import structlog
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError, TableDamaged
+from tidemark.objectstore import Location, is_remote, join
 from tidemark.sink.files import DataFile
 from tidemark.sink.folder import TableFolder, holds
 from tidemark.sink.iceberg import snapshots
@@ -98,15 +99,12 @@ def writer_types(table: Table) -> pa.Schema:
 class IcebergChangelog(TableFolder):
     """The changelog of one shape as an Iceberg table. Thread-safe."""
 
-    root: Path
-    path: Path
-
     def __init__(
-        self, catalog: Catalog, namespace: str, root: str | Path, shape: str, *, epoch: int = 1
+        self, catalog: Catalog, namespace: str, root: Location, shape: str, *, epoch: int = 1
     ) -> None:
-        self.root = Path(root)
+        self.root = root if is_remote(root) else Path(root)
         self.shape = shape
-        self.path = self.root / "tables" / shape
+        self.path = join(self.root, "tables", shape)
         self.uri = str(self.path)
         self.app_id = app_id_for(shape, epoch)
         self.catalog = catalog
@@ -171,7 +169,8 @@ class IcebergChangelog(TableFolder):
                 self.ensure_columns(schema)
                 return False
             fencing.check()
-            make_dirs(self.path)
+            if isinstance(self.path, Path):
+                make_dirs(self.path)
             plain = pa.schema([f.remove_metadata() for f in schema])
             properties = snapshots.TABLE_PROPERTIES | {
                 "format-version": str(self.format_version),
@@ -186,7 +185,11 @@ class IcebergChangelog(TableFolder):
                 tx = self.catalog.create_table_transaction(
                     self.ident,
                     schema=iceberg,
-                    location=self.path.resolve().as_uri(),
+                    location=(
+                        self.path.resolve().as_uri()
+                        if isinstance(self.path, Path)
+                        else str(self.path)
+                    ),
                     properties=properties,
                 )
                 # born marked: the first snapshot holds the generation and the epoch
@@ -202,11 +205,12 @@ class IcebergChangelog(TableFolder):
                     f"cannot create the Iceberg table {self.name} of shape '{self.shape}' "
                     f"at {self.uri}: {type(exc).__name__}: {exc}"
                 ) from exc
-            (self.path / "data").mkdir(exist_ok=True)
-            synced = SyncSet()
-            synced.new_folder(self.path / "data", self.root)
-            synced.folder(self.path / "metadata")
-            synced.sync()
+            if isinstance(self.path, Path) and isinstance(self.root, Path):
+                (self.path / "data").mkdir(exist_ok=True)
+                synced = SyncSet()
+                synced.new_folder(self.path / "data", self.root)
+                synced.folder(self.path / "metadata")
+                synced.sync()
             log.info("table.created", shape=self.shape, path=self.uri, table=self.name)
             return True
 
@@ -227,11 +231,21 @@ class IcebergChangelog(TableFolder):
                     f"(it has no {KEY_PROPERTY} property): drop it, or set [iceberg] "
                     "namespace to one tidemark may use alone"
                 )
-            missing = [
-                f.file_path
-                for f in files
-                if not _has_size(self._local(f.file_path), f.file_size_in_bytes)
-            ]
+            if isinstance(self.path, Path):
+                missing = [
+                    f.file_path
+                    for f in files
+                    if not _has_size(self._local(f.file_path), f.file_size_in_bytes)
+                ]
+            else:  # (one listing of data/, not a request per file)
+                sizes = {
+                    f"data/{f.name}": f.size for f in objectstore.listing(self.location("data"))
+                }
+                missing = [
+                    f.file_path
+                    for f in files
+                    if sizes.get(snapshots.relative(table, f.file_path)) != f.file_size_in_bytes
+                ]
             if missing:
                 raise TableDamaged(
                     self._damaged(
@@ -247,7 +261,7 @@ class IcebergChangelog(TableFolder):
                 tx = table.transaction()
                 tx.set_properties(wanted)
                 self._table = tx.commit_transaction()
-            if not (self.path / "data").is_dir():
+            if isinstance(self.path, Path) and not (self.path / "data").is_dir():
                 (self.path / "data").mkdir(parents=True)
                 synced = SyncSet()
                 synced.folder(self.path)
@@ -599,13 +613,15 @@ class IcebergChangelog(TableFolder):
         pending batch will commit (made young first)."""
         with self._lock:
             now = time.time()
-            for f in keep:
-                try:
-                    os.utime(self.path / f.path, (now, now))
-                except FileNotFoundError:
-                    continue
+            if isinstance(self.path, Path):  # (on a store: left out by name below)
+                for f in keep:
+                    try:
+                        os.utime(self.path / f.path, (now, now))
+                    except FileNotFoundError:
+                        continue
             self._commit_loop(lambda t, found: expire(t, retention_hours))
-            return remove_unreferenced(self.table(), self.path, retention_hours)
+            kept = {f.path for f in keep}
+            return remove_unreferenced(self.table(), self.path, retention_hours, kept)
 
 
 def expire(table: Table, retention_hours: float) -> Table:
@@ -653,9 +669,12 @@ def load_or_none(catalog: Catalog, ident: tuple[str, str], name: str) -> Table |
         raise SinkError(f"cannot ask the Iceberg catalog for {name}: {exc}") from exc
 
 
-def remove_unreferenced(table: Table, folder: Path, retention_hours: float) -> list[str]:
+def remove_unreferenced(
+    table: Table, folder: Location, retention_hours: float, keep: set[str] | None = None
+) -> list[str]:
     """Delete the data and manifest files under ``folder`` no snapshot of ``table``
-    names, older than ``retention_hours``; the paths removed (relative)."""
+    names, older than ``retention_hours`` (nor in ``keep``); the paths removed
+    (relative)."""
     named: set[str] = set()
     for snap in table.snapshots():
         named.add(snapshots.relative(table, snap.manifest_list))
@@ -663,7 +682,10 @@ def remove_unreferenced(table: Table, folder: Path, retention_hours: float) -> l
             named.add(snapshots.relative(table, manifest.manifest_path))
             for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
                 named.add(snapshots.relative(table, entry.data_file.file_path))
+    named |= keep or set()
     cutoff = time.time() - retention_hours * 3600
+    if not isinstance(folder, Path):
+        return _remove_unreferenced_remote(folder, named, cutoff)
     removed = []
     for dirpath, _, names in os.walk(folder):
         rel_dir = os.path.relpath(dirpath, folder)
@@ -685,6 +707,23 @@ def remove_unreferenced(table: Table, folder: Path, retention_hours: float) -> l
     if removed:
         log.info("table.vacuumed", table=str(folder), files=len(removed))
     return removed
+
+
+def _remove_unreferenced_remote(folder: Location, named: set[str], cutoff: float) -> list[str]:
+    """``remove_unreferenced`` on an object store: one listing, one batched delete."""
+    gone = [
+        f.name
+        for f in objectstore.listing(folder)
+        if f.name.startswith(("data/", "bucket", "metadata/"))
+        and f.name.endswith((".parquet", ".avro"))
+        and f.name not in named
+        and f.modified_ms < cutoff * 1000
+    ]
+    if gone:
+        fencing.check()
+        objectstore.delete([join(folder, name) for name in gone])
+        log.info("table.vacuumed", table=str(folder), files=len(gone))
+    return gone
 
 
 def _has_size(path: Path, size: int) -> bool:
