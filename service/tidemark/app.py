@@ -930,6 +930,9 @@ class Service:
                 disk=durable.full_disk(self.settings.sink.root),
             )
             return
+        except objectstore.StoreUnavailable as exc:  # (written again next time)
+            log.warning("frontiers.write_failed", error=str(exc))
+            return
         except fencing.LeaseUnconfirmed:
             return  # (written once the lease is confirmed again)
         except fencing.Deposed:

@@ -111,3 +111,32 @@ class UnfitValue(SinkError):
             column=self.column if column is None else column,
             shape=self.shape if shape is None else shape,
         )
+
+
+JAVA_FRAME = ("\tat ", "\t... ", "\tSuppressed: ", "\t\t")
+FAILURE_CHARS = 600  # of each part of a summarised failure
+
+
+def failure_text(error: BaseException) -> str:
+    """What failed, in a line or two: ``Type: message``; for an error from the JVM
+    (py4j's, whose text is the whole Java stack) the exception Spark raised and the
+    first exception it was caused by, without the stack frames."""
+    text = str(error)
+    name = type(error).__name__
+    if "\n\tat " not in text:
+        return f"{name}: {text}"
+    heads = [line for line in text.splitlines() if line.strip() and not line.startswith(JAVA_FRAME)]
+    raised = next((line[2:] for line in heads if line.startswith(": ")), heads[0])
+    causes = [line[len("Caused by: ") :] for line in heads if line.startswith("Caused by: ")]
+    out = _short_java(raised)
+    if causes:
+        out += f" (caused by {_short_java(causes[0])})"
+    return out
+
+
+def _short_java(line: str) -> str:
+    """``org.apache.x.SomeException: message`` as ``SomeException: message``, cut."""
+    head, sep, message = line.partition(": ")
+    if sep and " " not in head and "." in head:
+        line = f"{head.rsplit('.', 1)[1]}: {message}"
+    return line if len(line) <= FAILURE_CHARS else line[: FAILURE_CHARS - 3] + "..."

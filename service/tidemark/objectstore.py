@@ -200,6 +200,8 @@ class S3Access:
             "fs.s3a.create.performance": "true",
             "fs.s3a.attempts.maximum": str(self.attempts),
             "fs.s3a.retry.limit": str(self.attempts),
+            # a store that throttles (503 SlowDown) gets as many tries, not S3A's 20
+            "fs.s3a.retry.throttle.limit": str(self.attempts),
         }
         if token:
             conf["fs.s3a.session.token"] = token
@@ -295,11 +297,10 @@ def _failed(action: str, uri: str, exc: Exception) -> SinkError:
             "set [sink] root to an existing bucket"
         )
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied") or status == 403:
+        return StoreUnavailable(f"cannot {action} {uri} ({code or status}): {CREDENTIALS_HINT}")
+    if code in THROTTLED or status == 503:
         return StoreUnavailable(
-            f"cannot {action} {uri}: the store refused the credentials ({code or status}): "
-            "check [s3] access_key_id and its secret (or AWS_ACCESS_KEY_ID/"
-            "AWS_SECRET_ACCESS_KEY), and that they may read, write, list and delete "
-            "under the root"
+            f"cannot {action} {uri}: {code or status} to all {_attempts()} tries: {THROTTLED_HINT}"
         )
     what = f"{code or type(exc).__name__}: {exc}"
     endpoint = (_STORE.access.endpoint if _STORE.access else "") or "AWS"
@@ -307,6 +308,42 @@ def _failed(action: str, uri: str, exc: Exception) -> SinkError:
         f"cannot {action} {uri} after retries ({what}): is the store at {endpoint} "
         "reachable? Check [s3] endpoint and the network to it"
     )
+
+
+THROTTLED = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded")
+THROTTLED_HINT = (
+    "the store is throttling requests: the round is retried, and passes once the store "
+    "takes requests again; if it lasts, raise [s3] attempts or ask for a higher request "
+    "rate on the bucket"
+)
+CREDENTIALS_HINT = (
+    "the store refused the credentials: check [s3] access_key_id and its secret (or "
+    "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY), and that they may read, write, list and "
+    "delete under the root"
+)
+UNREACHABLE_HINT = "is the store reachable? Check [s3] endpoint and the network to it"
+
+
+def hint_for(failure: str) -> str | None:
+    """What to do about a failure of S3A (Spark's S3 client) in ``failure``'s text (the
+    same advice as for tidemark's own requests); None when it is not one."""
+    if "AWSServiceThrottledException" in failure or "SlowDown" in failure:
+        return THROTTLED_HINT
+    if any(
+        word in failure
+        for word in ("AccessDeniedException", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+    ):
+        return CREDENTIALS_HINT
+    if any(
+        word in failure
+        for word in ("UnknownHostException", "ConnectException", "AWSClientIOException")
+    ):
+        return UNREACHABLE_HINT
+    return None
+
+
+def _attempts() -> int:
+    return _STORE.access.attempts if _STORE.access else 1
 
 
 def _error_code(exc: Exception) -> tuple[str, int]:

@@ -55,7 +55,14 @@ from tidemark.backfill.runner import (
 )
 from tidemark.continuity.store import ContinuityStore
 from tidemark.durable import full_disk
-from tidemark.errors import ConfigError, ShapeConflict, ShapeError, TableDamaged, UnfitValue
+from tidemark.errors import (
+    ConfigError,
+    ShapeConflict,
+    ShapeError,
+    TableDamaged,
+    UnfitValue,
+    failure_text,
+)
 from tidemark.flush.tracker import FlushTracker
 from tidemark.instance_state import instance_states, state_dir
 from tidemark.objectstore import join
@@ -687,7 +694,7 @@ class ShapeSet:
             log.error("backfill.refused", shape=name, error=str(exc))
             return
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (status.backfill_attempts - 1))
-        cause = f"{type(exc).__name__}: {exc}".strip()
+        cause = failure_text(exc).strip()
         full = full_disk(self.settings.sink.root)
         if full is not None:
             cause = f"{full} ({cause})"

@@ -344,3 +344,53 @@ def s3_client(
         aws_secret_access_key=CREDENTIAL,
         config=config,
     )
+
+
+@dataclass
+class HttpFaults:
+    """``http_faults``: an HTTP proxy that answers chosen requests with an S3 error of
+    its own (``503 SlowDown``, ``403 AccessDenied``), the others passed on."""
+
+    port: int
+    child: Child
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def refuse(
+        self, status: int, code: str, rate: float = 1.0, methods: tuple[str, ...] = ()
+    ) -> None:
+        """From now on answer a ``rate`` share of requests (of ``methods``; all when
+        empty) with ``status`` and S3's error ``code``."""
+        rule = {"status": status, "code": code, "rate": rate, "methods": list(methods)}
+        _call(f"{self.endpoint}/__faults", "POST", rule)
+
+    def clear(self) -> dict[str, Any]:
+        """Pass everything on again; what was made up so far (by status) and passed."""
+        return _call(f"{self.endpoint}/__faults", "DELETE")  # type: ignore[no-any-return]
+
+    def counts(self) -> dict[str, Any]:
+        return _call(f"{self.endpoint}/__faults", "GET")  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        self.child.stop()
+
+
+@contextlib.contextmanager
+def http_faults(workdir: Path, upstream: str) -> Iterator[HttpFaults]:
+    """``http_faults`` in a process of its own, in front of ``upstream``."""
+    import sys
+
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).with_name("http_faults.py"))]
+    child = Child(
+        "http_faults",
+        [*argv, "--port", str(port), "--upstream", upstream],
+        workdir / "http_faults.log",
+    )
+    try:
+        child.wait_for_port(port, 30)
+        yield HttpFaults(port, child)
+    finally:
+        child.stop()

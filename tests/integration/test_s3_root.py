@@ -33,8 +33,10 @@ from tidemark.verify import compare_shape, normalise
 from .conftest import PgDatabase
 from .object_store_support import (
     REGION,
+    HttpFaults,
     Proxy,
     S3Proxy,
+    http_faults,
     object_store,
     require_object_store,
 )
@@ -365,6 +367,73 @@ async def test_a_partition_of_the_store_holds_the_acknowledgement_back(
             assert failing or all(frontiers.get(n, 0) < during for n in service.shapes)
         await wait_frontiers_after_errors(service, during)
         assert confirmed_flush(pg_db.dsn) >= acked
+    check_every_reader(spark, pg_db, root)
+
+
+@pytest.fixture(scope="module")
+def faults(
+    store: tuple[S3Proxy, Proxy], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HttpFaults]:
+    """An HTTP proxy that makes up S3 errors, in front of the Toxiproxy proxy."""
+    with http_faults(tmp_path_factory.mktemp("faults"), store[1].endpoint) as made:
+        yield made
+
+
+async def wait_for_error(service: Any, words: str, timeout: float = 90) -> str:
+    """Until a shape is in error with ``words`` in its message; the message."""
+    async with asyncio.timeout(timeout):
+        while True:
+            for name in service.shapes:
+                state, error = service.shape_state(name)
+                if state == "error" and words in (error or ""):
+                    return str(error)
+            await asyncio.sleep(0.1)
+
+
+async def test_throttling_and_revoked_credentials_hold_the_acknowledgement_and_heal(
+    pg_db: PgDatabase,
+    spark: Any,
+    store: tuple[S3Proxy, Proxy],
+    proxy: Proxy,
+    faults: HttpFaults,
+) -> None:
+    """The store's own refusals, mid-run, from an HTTP proxy that makes them up: a tenth
+    of all requests answered ``503 SlowDown`` (tidemark's, pyarrow's and S3A's clients
+    retry with backoff: every change arrives); then every request throttled, then
+    every request refused ``403 AccessDenied`` (credentials revoked): the shapes go to
+    ``error`` with a message that says which and what to do, the slot is not
+    acknowledged past the tables meanwhile, and everything arrives once it is over."""
+    server = store[0]
+    root = f"s3://{BUCKET}/{secrets.token_hex(4)}/refused"
+    await pg_db.aexecute(SCHEMA)
+    given = s3_settings(server, proxy) | {"endpoint": faults.endpoint}
+    config = settings_for(pg_db.dsn, root, SHAPES, s3=given, current={"enabled": False})
+    faults.clear()
+    async with running_service(config, spark) as service:
+        await workload(pg_db, 1)
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+
+        faults.refuse(503, "SlowDown", rate=0.1)
+        await workload(pg_db, 1000)
+        await wait_frontiers_after_errors(service, current_lsn(pg_db.dsn))
+        assert faults.counts()["made"].get("503", 0) > 0
+
+        # (PUTs throttled: Spark's writes through S3A meet it first; then everything)
+        for start, status, code, methods, words in (
+            (2000, 503, "SlowDown", ("PUT",), "throttling"),
+            (3000, 403, "AccessDenied", (), "credentials"),
+        ):
+            await asyncio.sleep(1.5)  # the acknowledgement catches up
+            acked = confirmed_flush(pg_db.dsn)
+            faults.refuse(status, code, methods=methods)
+            await workload(pg_db, start)
+            during = current_lsn(pg_db.dsn)
+            message = await wait_for_error(service, words)
+            assert "Traceback" not in message and server.credential not in message, message
+            assert acked <= confirmed_flush(pg_db.dsn) < during
+            made = faults.clear()["made"]
+            assert made.get(str(status), 0) > 0
+            await wait_frontiers_after_errors(service, during)
     check_every_reader(spark, pg_db, root)
 
 

@@ -52,7 +52,7 @@ import structlog
 from tidemark import fencing, objectstore
 from tidemark.aio import wait_event
 from tidemark.durable import full_disk
-from tidemark.errors import UnfitValue, WriterFenced
+from tidemark.errors import UnfitValue, WriterFenced, failure_text
 from tidemark.sink.files import DataFile
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
 from tidemark.writers.cadence import Cadence, round_share
@@ -470,7 +470,12 @@ class FlushScheduler:
             log.error("flush.refused", shape=writer.shape, error=str(error))
             return
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
-        cause = f"{type(error).__name__}: {error}"
+        cause = failure_text(error)
+        # (S3A's failures, from Spark, get the advice tidemark's own requests give)
+        spark_side = writer.table.remote and not isinstance(error, objectstore.SinkError)
+        hint = objectstore.hint_for(cause) if spark_side else None
+        if hint is not None:
+            cause = f"{cause}: {hint}"
         full = full_disk(writer.table.root)
         if full is not None:
             cause = f"{full} ({cause})"
