@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ import psycopg
 import pytest
 
 from tidemark import objectstore, read
+from tidemark.embedded import free_port
 from tidemark.lsn import Lsn
 from tidemark.verify import compare_shape, normalise
 
@@ -39,6 +42,7 @@ from .object_store_support import (
     http_faults,
     object_store,
     require_object_store,
+    s3_client,
 )
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
 
@@ -564,3 +568,133 @@ def test_a_service_sigkilled_five_times_on_s3_loses_and_duplicates_nothing(
         env["TIDEMARK_SINK__FORMAT"] = "iceberg"
         env["TIDEMARK_ICEBERG__CATALOG_URI"] = request.getfixturevalue("iceberg_catalog")
     killed_runs(pg_db, tmp_path, spark, root, env, kills=5)
+
+
+def store_listing(server: S3Proxy, root: str) -> dict[str, tuple[int, str]]:
+    """Every object under ``root``: size and ETag (its content's digest), from the
+    server itself (no proxy between)."""
+    bucket, prefix = objectstore.split(root)
+    client = s3_client(server.endpoint, attempts=3)
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", ()):
+            out[item["Key"][len(prefix) + 1 :]] = (int(item["Size"]), str(item["ETag"]))
+    return out
+
+
+def delta_commit_infos(root: str, shape: str) -> list[dict[str, Any]]:
+    """The commitInfo of every log entry of the shape's changelog, oldest first."""
+    log_dir = objectstore.join(root, "tables", shape, "_delta_log")
+    out = []
+    for entry in objectstore.listing(log_dir):
+        if "/" in entry.name or not entry.name.endswith(".json"):
+            continue
+        text = objectstore.read_text(objectstore.join(log_dir, entry.name)) or ""
+        for line in text.splitlines():
+            action = json.loads(line)
+            if "commitInfo" in action:
+                out.append(action["commitInfo"])
+    return out
+
+
+def test_a_leader_deposed_while_alive_on_s3_writes_nothing_and_exits(
+    pg_db: PgDatabase, spark: Any, store: tuple[S3Proxy, Proxy], proxy: Proxy, tmp_path: Path
+) -> None:
+    """Two ``tidemark run`` on one slot and one ``s3://`` root (``test_deposed_leader``
+    on a bucket, 20 ms a request): the leader is SIGSTOPped mid-stream and its lease
+    session ended; the standby takes over; then the new leader's whole tree is frozen
+    and the old one continued. Nothing under the root changes meanwhile but data files
+    its Spark tasks were already writing (no ETag of a log entry or state file moves:
+    the store refuses its conditional PUTs, its epoch check the rest); it exits with
+    1; every shape equals Postgres, no ``(_lsn, _op)`` twice, and every commit after
+    the new leader's mark carries its epoch."""
+    from tidemark.fencing import read_epoch
+
+    from . import test_deposed_leader as deposed
+    from .remote_service import service_env, start_service, stop_service, tail, wait_shapes
+    from .test_backfill import keys_unique
+
+    server = store[0]
+    pg_db.execute(deposed.SCHEMA)
+    root = f"s3://{BUCKET}/{secrets.token_hex(4)}/ha"
+    objectstore.configure(objectstore.S3Access(**s3_settings(server, proxy)))
+    proxy.latency(20)
+    secret = tmp_path / "s3-secret"
+    secret.write_text(server.credential)
+    slot = "tm_deposed"
+    ports = [free_port(), free_port()]
+    logs = [tmp_path / "old.log", tmp_path / "new.log"]
+    envs = []
+    for port in ports:
+        env = service_env(
+            dsn=pg_db.dsn, root=tmp_path / "lake", port=port, name=slot, shapes=deposed.SHAPES
+        )
+        env |= {
+            "TIDEMARK_SINK__ROOT": root,
+            "TIDEMARK_CURRENT__ENABLED": "false",
+            "TIDEMARK_S3__ENDPOINT": proxy.endpoint,
+            "TIDEMARK_S3__REGION": REGION,
+            "TIDEMARK_S3__PATH_STYLE": "true",
+            "TIDEMARK_S3__ACCESS_KEY_ID": server.identity,
+            "TIDEMARK_S3__SECRET_ACCESS_KEY_FILE": str(secret),
+            "TIDEMARK_SPARK__WARM_UP": "false",
+        }
+        envs.append(env)
+    old = start_service(envs[0], logs[0])
+    new = None
+    workload = deposed.Workload(pg_db.dsn)
+    try:
+        deposed.wait_role(ports[0], "leader", old, logs[0], timeout=240)
+        new = start_service(envs[1], logs[1])
+        deposed.wait_role(ports[1], "standby", new, logs[1], timeout=240)
+        workload.start()
+        time.sleep(6.0)  # rounds and their Spark jobs under way
+        old_epoch = read_epoch(root)
+        lease_pid = deposed.lease_backend(pg_db.dsn, slot)
+        os.kill(old.pid, signal.SIGSTOP)
+        with psycopg.connect(pg_db.dsn, autocommit=True) as conn:
+            conn.execute("select pg_terminate_backend(%s)", (lease_pid,))
+        deposed.wait_role(ports[1], "leader", new, logs[1], timeout=120)
+        new_epoch = read_epoch(root)
+        assert new_epoch == old_epoch + 1
+        time.sleep(3.0)  # the new leader commits
+        deposed.signal_tree(new.pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        before = store_listing(server, root)
+        os.kill(old.pid, signal.SIGCONT)
+        continued = time.monotonic()
+        code = old.wait(timeout=60)
+        exited_in = time.monotonic() - continued
+        after = store_listing(server, root)
+        deposed.signal_tree(new.pid, signal.SIGCONT)
+        text = logs[0].read_text()
+        assert code == 1, tail(logs[0])
+        assert "lease.deposed" in text or "was lost" in text, tail(logs[0])
+        assert exited_in < 30, f"exited {exited_in:.1f} s after it ran again:\n{tail(logs[0])}"
+        assert "invariant.violated" not in text, tail(logs[0])
+        changed = deposed.changed_paths(before, after)  # type: ignore[arg-type]
+        in_flight = [p for p in changed if p not in before and deposed._task_output(p)]
+        wrote = [p for p in changed if p not in in_flight]
+        assert not wrote, f"the deposed leader wrote under the root: {wrote}"
+        workload.stop.set()
+        workload.join(timeout=30)
+        wait_shapes(ports[1], str(Lsn(current_lsn(pg_db.dsn))), list(deposed.TRUTH), timeout=180)
+    finally:
+        workload.stop.set()
+        for proc in (old, new):
+            if proc is not None and proc.poll() is None:
+                deposed.signal_tree(proc.pid, signal.SIGCONT)
+        if old.poll() is None:
+            old.kill()
+        if new is not None:
+            stop_service(new, logs[1])
+    print(f"in flight: {len(in_flight)} data files; {workload.transactions} transactions")
+    for shape, query in deposed.TRUTH.items():
+        result = compare_shape(spark, root, shape, query, pg_db.dsn)
+        assert result.equal, result.describe()
+        assert keys_unique(root, shape), shape  # type: ignore[arg-type]
+        infos = delta_commit_infos(root, shape)
+        marks = [i for i, c in enumerate(infos) if c.get("tidemark.operation") == "epoch"]
+        after_mark = infos[marks[-1] + 1 :] if marks else infos
+        assert marks and infos[marks[-1]].get("tidemark.epoch") == str(new_epoch), shape
+        assert {c.get("tidemark.epoch") for c in after_mark} <= {str(new_epoch)}, shape
