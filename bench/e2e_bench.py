@@ -106,11 +106,13 @@ def _workload(pg: EmbeddedPostgres, rows: int, txn_rows: int = 10_000) -> int:
     return int(Lsn.parse(end[0]))
 
 
-async def _backfill_empty(pg: EmbeddedPostgres, spark: Any, root: Path) -> None:
+async def _backfill_empty(
+    pg: EmbeddedPostgres, spark: Any, root: Path | str, extra: dict[str, Any] | None = None
+) -> None:
     """First run: creates the slot and backfills the (empty) shapes, then stops."""
     from tidemark.app import Service
 
-    service = Service(_settings(pg, root), spark=spark)
+    service = Service(_settings(pg, root, extra), spark=spark)
     task = asyncio.create_task(service.run())
     while not service.shapes or any(s.state != "active" for s in service.shapes.values()):
         if task.done():
@@ -186,11 +188,13 @@ def _recvlogical(pg: EmbeddedPostgres, slot: str, end_lsn: int) -> tuple[float, 
     return took, sender.seconds()
 
 
-def _settings(pg: EmbeddedPostgres, root: Path) -> Any:
+def _settings(pg: EmbeddedPostgres, root: Path | str, extra: dict[str, Any] | None = None) -> Any:
+    """The bench's settings; ``extra``: sections to add (``s3``, ``current``)."""
     from tidemark.config import Settings
 
     return Settings.model_validate(
-        {
+        (extra or {})
+        | {
             "source": {"dsn": pg.dsn(), "slot": "tidemark_bench", "publication": "bench_pub"},
             "sink": {
                 "root": str(root),
@@ -222,18 +226,19 @@ def _confirmed(dsn: str, slot: str) -> int:
 async def _through(
     pg: EmbeddedPostgres,
     spark: Any,
-    root: Path,
+    root: Path | str,
     end_lsn: int,
     end_rows: int,
     cpu: dict[str, float] | None = None,
     *,
     with_lag: bool = True,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """The service from the slot's position to ``end_lsn``: seconds to committed and
     to acknowledged; ``cpu`` gets the CPU seconds of this process and of the JVM."""
     from tidemark.app import Service
 
-    service = Service(_settings(pg, root), spark=spark)
+    service = Service(_settings(pg, root, extra), spark=spark)
     sender = WalsenderCpu(pg.dsn(), "tidemark_bench")
     sender.start()
     if cpu is not None:

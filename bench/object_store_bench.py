@@ -12,6 +12,10 @@ made per flush round, by kind: Spark's through S3A (its own counters) and tidema
 (``tidemark.objectstore``: state files, log entries, listings, footers). Needs
 ``make objectstore`` (S3Proxy's jar, Toxiproxy, the S3A jars).
 
+First, ``e2e``'s bulk workload (1M rows, 10 shapes; ``TIDEMARK_BENCH_E2E_ROWS``, 0 to
+leave it out) on local disk and then on the store: the throughput to acknowledged of
+both and their ratio (issue 52's goal: at least 0.67x).
+
 Usage: ``python -m bench object-store`` (N = 100, 1000; ``TIDEMARK_BENCH_SHAPES`` to
 choose).
 """
@@ -30,6 +34,7 @@ from tidemark.embedded import EmbeddedPostgres
 
 LATENCY_MS = 20
 TARGET_P99_RATIO = 2.0
+TARGET_E2E_RATIO = 0.67
 BUCKET = "bench"
 
 
@@ -62,7 +67,7 @@ def main() -> list[dict[str, float]]:
         with_s3a,
     )
 
-    counts = [int(n) for n in os.environ.get("TIDEMARK_BENCH_SHAPES", "100,1000").split(",")]
+    counts = [int(n) for n in os.environ.get("TIDEMARK_BENCH_SHAPES", "100,1000").split(",") if n]
     print(
         f"== object-store: the shapes workload with Delta tables on local disk, then on "
         f"S3Proxy behind Toxiproxy (+{LATENCY_MS} ms a reply), one Spark session =="
@@ -84,6 +89,9 @@ def main() -> list[dict[str, float]]:
         }
         # (S3A's filesystem for the bucket is made, and cached, by the first use)
         configure_s3a(spark, BUCKET, objectstore.S3Access(**s3).hadoop_conf())
+        rows = int(os.environ.get("TIDEMARK_BENCH_E2E_ROWS", "1000000"))
+        if rows:
+            results.append(_e2e_pair(spark, s3, rows))
         print(
             f"{'shapes':>6} {'root':>5} {'ready':>8} {'lag p50':>8} {'lag p99':>8} {'drain':>7}"
             f" {'commits/s':>10} {'shapes/job':>10}"
@@ -127,6 +135,38 @@ def main() -> list[dict[str, float]]:
             )
             results.append({"shapes": n, "p99_ratio": ratio, **remote})
     return results
+
+
+def _e2e(spark: Any, root: str, extra: dict[str, Any], rows: int) -> dict[str, float]:
+    """``e2e_bench``'s bulk workload (``rows`` inserts in 10,000-row transactions, 10
+    shapes) on a fresh PostgreSQL, through the service to acknowledged on ``root``."""
+    from bench import e2e_bench
+
+    with EmbeddedPostgres() as pg:
+        e2e_bench._prepare(pg, "bulk")
+        asyncio.run(e2e_bench._backfill_empty(pg, spark, root, extra))
+        end = e2e_bench._workload(pg, rows)
+        return asyncio.run(
+            e2e_bench._through(pg, spark, root, end, rows, with_lag=False, extra=extra)
+        )
+
+
+def _e2e_pair(spark: Any, s3: dict[str, Any], rows: int) -> dict[str, float]:
+    """The e2e bulk run on local disk, then on the store: throughput and their ratio
+    (issue 52's goal: the store at least 0.67x local disk)."""
+    off = {"current": {"enabled": False}}
+    print(f"e2e bulk: {rows:,} rows in 10,000-row transactions through 10 shapes")
+    with tempfile.TemporaryDirectory(prefix="tidemark-bench-e2e-disk-") as folder:
+        disk = _e2e(spark, folder, off, rows)
+    remote = _e2e(spark, f"s3://{BUCKET}/{secrets.token_hex(3)}/e2e", off | {"s3": s3}, rows)
+    ratio = disk["acked_s"] / remote["acked_s"]
+    for name, out in (("disk", disk), ("s3", remote)):
+        print(
+            f"{name:>6} committed {out['committed_s']:6.2f}s  acknowledged {out['acked_s']:6.2f}s"
+            f"  {rows / out['acked_s']:>9,.0f} rows/s  ({out['commits']:.0f} commits)"
+        )
+    print(f"e2e on s3: {ratio:.2f}x the throughput on disk (target >= {TARGET_E2E_RATIO}x)")
+    return {"e2e_ratio": ratio, "e2e_disk_s": disk["acked_s"], "e2e_s3_s": remote["acked_s"]}
 
 
 def _row(n: int, root: str, out: dict[str, float], note: str = "") -> None:

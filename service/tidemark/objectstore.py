@@ -363,6 +363,20 @@ def _is_refused(exc: Exception) -> bool:
     return status == 412 or code in ("PreconditionFailed", "ConditionalRequestConflict")
 
 
+def read_tail(location: Location, nbytes: int) -> bytes:
+    """The last ``nbytes`` of an object (all of it when smaller): one ranged GET."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    uri = str(location)
+    bucket, key = split(uri)
+    _STORE.count("GET")
+    try:
+        reply = _STORE.client().get_object(Bucket=bucket, Key=key, Range=f"bytes=-{nbytes}")
+        return reply["Body"].read()
+    except (ClientError, BotoCoreError) as exc:
+        raise _failed("read", uri, exc) from None
+
+
 def note_request(kind: str) -> None:
     """Count a request made to the store with pyarrow's client (``arrow_filesystem``)."""
     _STORE.count(kind)

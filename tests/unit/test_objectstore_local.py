@@ -61,3 +61,29 @@ def test_an_s3_location_without_s3_settings_says_what_to_set() -> None:
     objectstore.configure(None)
     with pytest.raises(objectstore.SinkError, match=r"\[s3\] section"):
         objectstore.read("s3://lake/x.json")
+
+
+def test_a_footer_from_the_end_of_a_file_equals_pyarrows_own_read(tmp_path: Path) -> None:
+    """``tail_stats``: what a commit records of a file on a store, from one ranged read
+    of its end; a footer longer than the tail read is left to pyarrow (None)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.sink.files import file_stats, tail_stats
+
+    rows = pa.table(
+        {
+            "_lsn": pa.array(range(50_000), pa.int64()),
+            "_op": pa.array([1] * 50_000, pa.int32()),
+            "x": pa.array(["a" * 20] * 50_000),
+        }
+    )
+    buffer = io.BytesIO()
+    pq.write_table(rows, buffer, row_group_size=1000)  # (a long footer: 50 row groups)
+    data = buffer.getvalue()
+    (tmp_path / "f.parquet").write_bytes(data)
+    assert tail_stats(data[-65536:], len(data)) == file_stats(tmp_path / "f.parquet")
+    assert tail_stats(data, len(data)) == file_stats(tmp_path / "f.parquet")
+    assert tail_stats(data[-200:], len(data)) is None

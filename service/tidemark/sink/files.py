@@ -9,6 +9,7 @@ Format-neutral: the statistics JSON is Delta's (``numRecords``, ``minValues``,
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +40,60 @@ def describe_file(table_root: Path, rel_path: str) -> DataFile:
     return DataFile(rel_path, st.st_size, rows, int(st.st_mtime * 1000), stats)
 
 
+FOOTER_TAIL = 64 * 1024  # the bytes read from a file's end for its footer
+
+
+class _Tail(io.RawIOBase):
+    """The end of a Parquet file of ``size`` bytes, as a file pyarrow reads the footer
+    from (a read before the tail raises ``TailTooShort``)."""
+
+    def __init__(self, tail: bytes, size: int) -> None:
+        self._tail, self._size, self._pos = tail, size, 0
+        self._start = size - len(tail)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        if self._pos < self._start:
+            raise TailTooShort
+        chunk = self._tail[self._pos - self._start : self._pos - self._start + len(buffer)]
+        buffer[: len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)
+
+
+class TailTooShort(OSError):
+    """A footer longer than the tail read (``tail_stats``)."""
+
+
+def tail_stats(tail: bytes, size: int) -> tuple[int, str] | None:
+    """``file_stats`` from the last bytes of a file of ``size`` bytes (one ranged read on
+    an object store, not pyarrow's HEAD and reads); None when the footer is longer."""
+    try:
+        return _stats(pq.read_metadata(_Tail(tail, size)))
+    except Exception:  # (TailTooShort, however pyarrow passes it on: read it whole)
+        return None
+
+
 def file_stats(path: Path | str, filesystem: Any = None) -> tuple[int, str]:
     """Row count and Delta stats (min/max/nulls of ``_lsn``/``_op``) from a footer
     (``filesystem``: pyarrow's, for a file on an object store)."""
-    meta = pq.read_metadata(path, filesystem=filesystem)
+    return _stats(pq.read_metadata(path, filesystem=filesystem))
+
+
+def _stats(meta: Any) -> tuple[int, str]:
     names = meta.schema.names
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}

@@ -35,7 +35,7 @@ from tidemark import fencing, objectstore
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import WriterFenced
 from tidemark.objectstore import Location, is_remote, join
-from tidemark.sink.files import DataFile, describe_file, file_stats
+from tidemark.sink.files import FOOTER_TAIL, DataFile, describe_file, file_stats, tail_stats
 
 log = structlog.get_logger("tidemark.sink")
 
@@ -191,8 +191,16 @@ class TableFolder:
                 info = fs.get_file_info(where)
                 size = int(info.size)
                 modified = int(info.mtime.timestamp() * 1000) if info.mtime else 0
-            objectstore.note_request("FOOTER")  # (pyarrow: a HEAD and a ranged GET or two)
-            rows, stats = file_stats(where, fs)
+            # the footer from one ranged GET of the file's end (its size is listed);
+            # else pyarrow's own reads (a HEAD and a ranged GET or two)
+            found = None
+            if item.size >= 0:
+                tail = objectstore.read_tail(join(self.path, item.name), FOOTER_TAIL)
+                found = tail_stats(tail, size)
+            if found is None:
+                objectstore.note_request("FOOTER")
+                found = file_stats(where, fs)
+            rows, stats = found
             if rows == 0:
                 return None
             return DataFile(item.name, size, rows, modified, stats)
