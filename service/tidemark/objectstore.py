@@ -244,6 +244,7 @@ class _S3:
         self.arrow: Any = None  # a pyarrow S3FileSystem (``arrow_filesystem``)
         self._lock = threading.Lock()
         self._tags: dict[str, str] = {}  # uri -> ETag last read or written ('' absent)
+        self._writing: dict[str, threading.Lock] = {}  # uri -> held while replacing it
 
     def configure(self, access: S3Access | None) -> None:
         with self._lock:
@@ -269,6 +270,13 @@ class _S3:
     def seen(self, uri: str, tag: str) -> None:
         with self._lock:
             self._tags[uri] = tag
+
+    def writing(self, uri: str) -> threading.Lock:
+        """The lock of ``uri``'s replacements in this process: two threads replacing one
+        state file (a periodic write and the one at a stop) take turns, the second
+        with the ETag the first got, instead of the store refusing one of them."""
+        with self._lock:
+            return self._writing.setdefault(uri, threading.Lock())
 
     def tag(self, uri: str) -> str | None:
         with self._lock:
@@ -531,18 +539,19 @@ def replace(
     uri = str(location)
     if check is not None:
         check()
-    tag = _STORE.tag(uri)
-    if tag is None:
-        tag = _head_tag(uri)
-    condition = {"IfNoneMatch": "*"} if tag == _ABSENT else {"IfMatch": tag}
-    new = _put(uri, raw, condition)
-    if new is None:
-        raise StoreConflict(
-            f"another writer replaced {uri} since this process read it: this process "
-            "stops writing under the sink root (run one tidemark per slot and sink root; "
-            "a deposed leader's writes are refused by the store)"
-        )
-    _STORE.seen(uri, new)
+    with _STORE.writing(uri):
+        tag = _STORE.tag(uri)
+        if tag is None:
+            tag = _head_tag(uri)
+        condition = {"IfNoneMatch": "*"} if tag == _ABSENT else {"IfMatch": tag}
+        new = _put(uri, raw, condition)
+        if new is None:
+            raise StoreConflict(
+                f"another writer replaced {uri} since this process read it: this process "
+                "stops writing under the sink root (run one tidemark per slot and sink "
+                "root; a deposed leader's writes are refused by the store)"
+            )
+        _STORE.seen(uri, new)
 
 
 def put_if_absent(location: Location, data: bytes) -> bool:

@@ -104,7 +104,9 @@ def current(
     files, lsn = start
     target = current_schema(table.arrow_schema(), key)
     base_frame = (
-        spark.read.schema(spark_schema(target)).parquet(*files)
+        spark.read.schema(spark_schema(target)).parquet(
+            *[objectstore.s3a(u) if u.startswith("s3://") else u for u in files]
+        )
         if files
         else spark.createDataFrame([], spark_schema(target))
     )

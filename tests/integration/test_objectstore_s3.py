@@ -366,3 +366,28 @@ def test_a_multipart_upload_left_incomplete_is_invisible_and_cannot_replace_an_e
         )
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
     assert objectstore.read(entry) == b"the commit"
+
+
+def test_threads_of_one_process_replacing_one_file_take_turns(proxy: Proxy) -> None:
+    """Two writes of one state file from one process at once (the frontiers' periodic
+    write and the one at a clean stop): each replaces the other's, none is refused as
+    another writer's (the store's If-Match would refuse the second of two PUTs made
+    with the same ETag)."""
+    uri = f"s3://{BUCKET}/turns-{secrets.token_hex(4)}/_tidemark/frontiers.json"
+    objectstore.replace(uri, b"0")
+    failures: list[BaseException] = []
+
+    def write(n: int) -> None:
+        for i in range(10):
+            try:
+                objectstore.replace(uri, f"{n}-{i}".encode())
+            except BaseException as exc:  # (collected for the assertion)
+                failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures[:2]
+    assert objectstore.read(uri) is not None

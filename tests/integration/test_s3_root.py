@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 
 from tidemark import objectstore, read
@@ -157,6 +158,30 @@ def check_every_reader(spark: Any, db: PgDatabase, root: str) -> None:
             assert pairs and max(pairs.values()) == 1, shape
 
 
+def check_current_tables(db: PgDatabase, root: str) -> None:
+    """Each shape's current-state table, read plainly from the bucket (deltalake and
+    Polars, no tidemark), equals Postgres: a clean stop folded it to the frontier.
+    Spark wrote its files in place, in a folder of the refresh's own in each bucket."""
+    import polars as pl
+    from deltalake import DeltaTable
+
+    options = objectstore.storage_options(root)
+    with psycopg.connect(db.dsn) as conn:
+        for shape, query in TRUTH.items():
+            expected = Counter(tuple(map(normalise, r)) for r in conn.execute(query))
+            uri = f"{root}/current/{shape}"
+            table = DeltaTable(uri, storage_options=options)
+            got = table.to_pyarrow_table()
+            columns = [c for c in got.column_names if c != "_lsn"]
+            rows = Counter(tuple(normalise(r[c]) for c in columns) for r in got.to_pylist())
+            assert rows == expected, shape
+            assert pl.read_delta(uri, storage_options=options).height == sum(expected.values())
+            paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+            assert all(p.startswith("bucket-") and "/r-" in p for p in paths), paths[:3]
+    keys = [f.name for f in objectstore.listing(objectstore.join(root, "current"))]
+    assert keys and not any("_staging" in k or "_temporary" in k for k in keys)
+
+
 def s3a_counter(spark: Any, name: str) -> int:
     """A counter of the session's S3A filesystem for the test's bucket."""
     jvm = spark._jvm
@@ -181,13 +206,21 @@ async def test_a_delta_root_on_s3_equals_postgres(
     root = f"s3://{BUCKET}/{secrets.token_hex(4)}/lake"
     await pg_db.aexecute(SCHEMA)
     await workload(pg_db, 1)  # before the start: the backfill's snapshot
-    config = settings(pg_db, root, server, proxy)
+    # current-state tables on: refreshed every second, and folded at the clean stop
+    config = settings_for(
+        pg_db.dsn,
+        root,
+        SHAPES,
+        s3=s3_settings(server, proxy),
+        current={"enabled": True, "refresh_s": 1.0, "fold_on_stop": True},
+    )
     async with running_service(config, spark) as service:
         await workload(pg_db, 1000)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
         ready, reasons = service.readiness()
         assert ready, reasons
     check_every_reader(spark, pg_db, root)
+    check_current_tables(pg_db, root)
     # nothing of the root on the local disk but scratch: the tables and state are objects
     keys = {f.name for f in objectstore.listing(root)}
     for name in ("_tidemark/format.json", "_tidemark/frontiers.json", "_tidemark/claims.json"):
@@ -205,6 +238,7 @@ async def test_a_delta_root_on_s3_equals_postgres(
         await workload(pg_db, 2000)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
     check_every_reader(spark, pg_db, root)
+    check_current_tables(pg_db, root)
 
     # the command line reads the bucket with [s3] from a settings file: tidemark read
     # (pyarrow), tidemark read --spark (its own Spark, S3A on its class path), tables

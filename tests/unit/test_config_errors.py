@@ -377,7 +377,14 @@ def test_a_shape_is_numbered_from_one_as_the_file_has_it(
     [
         ({"sink": {"root": "gs://lake/x"}}, "s3://bucket/prefix"),
         ({"sink": {"root": "s3://Not_A_Bucket/x"}}, "is not a bucket name"),
-        ({"sink": {"root": "s3://lake/x"}, "current": {"enabled": True}}, "[current] enabled"),
+        (
+            {
+                "sink": {"root": "s3://lake/x", "format": "iceberg"},
+                "iceberg": {"catalog_uri": "postgresql://tm@db/catalog"},
+                "current": {"enabled": True},
+            },
+            "[current] enabled",
+        ),
         (
             {"sink": {"root": "s3://lake/x", "format": "iceberg"}, "current": {"enabled": False}},
             "[iceberg] catalog_uri",
@@ -388,6 +395,11 @@ def test_an_object_store_root_says_what_it_needs(changes: dict, expected: str) -
     with pytest.raises(ConfigError) as caught:
         load_settings(require_dsn=False, **changes)
     assert expected in str(caught.value)
+
+
+def test_a_delta_root_on_s3_keeps_current_tables_on() -> None:
+    loaded = load_settings(require_dsn=False, sink={"root": "s3://lake/x"})
+    assert loaded.current.enabled
 
 
 def test_an_iceberg_root_on_s3_with_its_own_catalog_is_accepted() -> None:

@@ -43,6 +43,7 @@ pinned table version, while the writers go on appending.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -56,12 +57,14 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.errors import SinkError
+from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
 from tidemark.lsn import format_lsn
 from tidemark.sink import table_format
 from tidemark.sink.files import DataFile, describe_file
 from tidemark.sink.fold import TRUNCATE, fold, fold_onto, snapshot_rows
+from tidemark.sink.folder import describe_remote
 from tidemark.sink.port import (
     ChangelogFile,
     ChangelogView,
@@ -96,8 +99,12 @@ SHAPE_COLUMN = "_tm_shape"
 # where a batched job finds each row's shape: the files of a changelog and of a current
 # table, as tidemark lays them out (shape names are [a-z_][a-z0-9_]*)
 _CHANGELOG_FILE = re.compile(r"data/[^/]+/[^/]+\.parquet")
-_CURRENT_FILE = re.compile(r"bucket-[0-9]{5}/[^/]+\.parquet")
-_SHAPE_IN_PATH = r"/(?:tables|current)/([a-z_][a-z0-9_]*)/(?:data/[^/]+|bucket-[0-9]{5})/[^/]+$"
+# (on an object store a refresh's files are in a folder of its own in the bucket's:
+# Spark writes them in place, nothing is moved)
+_CURRENT_FILE = re.compile(r"bucket-[0-9]{5}/(?:r-[^/]+/)?[^/]+\.parquet")
+_SHAPE_IN_PATH = (
+    r"/(?:tables|current)/([a-z_][a-z0-9_]*)/(?:data/[^/]+|bucket-[0-9]{5}(?:/r-[^/]+)?)/[^/]+$"
+)
 
 
 def current_path(root: str | Path, shape: str) -> Path:
@@ -273,24 +280,36 @@ def _refresh_bucketed(
         base = None
         if base_files and not truncated:
             base = snapshot_rows(
-                spark.read.schema(spark_schema(target)).parquet(*base_files), tail.schema
+                spark.read.schema(spark_schema(target)).parquet(*_for_spark(base_files)),
+                tail.schema,
             )
         state = fold_onto(base, tail, key)
         columns = [f.name for f in target]
         state = state.select(*[F.col(f"`{c}`") for c in columns])
-        staging = table.path / STAGING_DIR / str(uuid.uuid4())
         tasks = max(1, min(len(touched), parallelism))
-        (
-            state.withColumn(BUCKET_COLUMN, bucket)
-            .repartition(tasks, BUCKET_COLUMN)
-            .write.partitionBy(BUCKET_COLUMN)
-            .mode("append")
-            .parquet(str(staging))
-        )
-        try:
-            added = _adopt_buckets(table, staging, touched)
-        finally:
-            fencing.clear(staging)
+        if objectstore.is_remote(table.uri):
+            run = _new_run()
+            dest = F.concat(
+                F.lit(f"{objectstore.s3a(table.uri)}/"),
+                F.format_string("bucket-%05d", bucket),
+                F.lit(f"/{run}"),
+            )
+            targets = [(table, b) for b in sorted(touched)]
+            frame = state.withColumn(DIRECT_COLUMN, dest)
+            added = _write_in_place(spark, frame, run, tasks, targets).get(table.name, [])
+        else:
+            staging = table.path / STAGING_DIR / str(uuid.uuid4())
+            (
+                state.withColumn(BUCKET_COLUMN, bucket)
+                .repartition(tasks, BUCKET_COLUMN)
+                .write.partitionBy(BUCKET_COLUMN)
+                .mode("append")
+                .parquet(str(staging))
+            )
+            try:
+                added = _adopt_buckets(table, staging, touched)
+            finally:
+                fencing.clear(staging)
     removed = [(p, n) for b in touched for p, n in old.get(b, [])] + old.get(-1, [])
     return _finish(plan, buckets, touched, rows_folded, removed, added, rebuild, started)
 
@@ -383,6 +402,7 @@ def _refresh_together(
     first = plans[0]
     key = [SHAPE_COLUMN, *first.view.primary_key]
     names = [plan.table.shape for plan in plans]
+    remote = objectstore.is_remote(first.table.uri)
     staging = first.table.path / STAGING_DIR / str(uuid.uuid4())
     try:
         # the shape of each row, from its file's path (every path checked by _is_small)
@@ -408,28 +428,45 @@ def _refresh_together(
             f"{p.table.uri}/{path}" for p in plans for files in p.old.values() for path, _ in files
         ]
         if base_files:
-            base = spark.read.schema(spark_schema(first.target)).parquet(*base_files)
+            base = spark.read.schema(spark_schema(first.target)).parquet(*_for_spark(base_files))
             base = snapshot_rows(base.withColumn(SHAPE_COLUMN, shape_of), tail.schema)
             frame = base.unionByName(tail, allowMissingColumns=True)
         state = fold(frame, key, scope=[SHAPE_COLUMN])
         columns = [F.col(f"`{f.name}`") for f in first.target]
-        (
-            state.select(F.col(SHAPE_COLUMN), *columns)
-            .repartition(max(1, min(len(plans), parallelism)), SHAPE_COLUMN)
-            .write.partitionBy(SHAPE_COLUMN)
-            .mode("append")
-            .parquet(str(staging))
-        )
-        adopted = {
-            plan.table.shape: _adopt_files(
-                plan.table, staging / f"{SHAPE_COLUMN}={plan.table.shape}", 0
+        tasks = max(1, min(len(plans), parallelism))
+        if remote:
+            run = _new_run()
+            # every plan's table is <root>/current/<shape>
+            prefix = objectstore.s3a(first.table.uri).rsplit("/", 1)[0] + "/"
+            dest = F.concat(F.lit(prefix), F.col(SHAPE_COLUMN), F.lit(f"/{bucket_dir(0)}/{run}"))
+            written = _write_in_place(
+                spark,
+                state.select(dest.alias(DIRECT_COLUMN), *columns),
+                run,
+                tasks,
+                [(plan.table, 0) for plan in plans],
             )
-            for plan in plans
-        }
+            adopted = {plan.table.shape: written.get(plan.table.name, []) for plan in plans}
+        else:
+            (
+                state.select(F.col(SHAPE_COLUMN), *columns)
+                .repartition(tasks, SHAPE_COLUMN)
+                .write.partitionBy(SHAPE_COLUMN)
+                .mode("append")
+                .parquet(str(staging))
+            )
+            adopted = {
+                plan.table.shape: _adopt_files(
+                    plan.table, staging / f"{SHAPE_COLUMN}={plan.table.shape}", 0
+                )
+                for plan in plans
+            }
     except Exception as exc:
-        fencing.clear(staging)
+        if not remote:
+            fencing.clear(staging)
         return dict.fromkeys(names, exc)
-    fencing.clear(staging)
+    if not remote:
+        fencing.clear(staging)
 
     def commit(plan: _Plan) -> RefreshResult:
         added = adopted[plan.table.shape]
@@ -447,7 +484,10 @@ def _refresh_together(
             )
         except Exception:
             # never referenced by a commit; a deposed leader leaves them to vacuum
-            if fencing.may_write():
+            if fencing.may_write() and remote:
+                with contextlib.suppress(SinkError):
+                    objectstore.delete([objectstore.join(plan.table.uri, f.path) for f in added])
+            elif fencing.may_write():
                 for data in added:
                     (plan.table.path / data.path).unlink(missing_ok=True)
             raise
@@ -469,7 +509,67 @@ def _tail_frame(spark: Any, schema: pa.Schema, files: Sequence[str]) -> Any:
     cl_schema = spark_schema(schema)
     if not files:
         return spark.createDataFrame([], cl_schema)
-    return spark.read.schema(cl_schema).parquet(*files)
+    return spark.read.schema(cl_schema).parquet(*_for_spark(files))
+
+
+def _for_spark(uris: Sequence[str]) -> list[str]:
+    """Files as Spark's filesystems name them (an object store's through S3A)."""
+    return [objectstore.s3a(u) if objectstore.is_remote(u) else u for u in uris]
+
+
+def _writes_in_place(spark: Any) -> bool:
+    """Whether the session writes through ``DirectPartitionCommitProtocol``."""
+    try:
+        chosen = spark.conf.get("spark.sql.sources.commitProtocolClass", "")
+    except Exception:  # (Spark Connect)
+        return False
+    return bool(chosen == DIRECT_COMMIT_CLASS)
+
+
+def _new_run() -> str:
+    """The folder of one refresh's files in each bucket folder on an object store."""
+    return f"r-{uuid.uuid4()}"
+
+
+def _write_in_place(
+    spark: Any, frame: Any, run: str, tasks: int, targets: Sequence[tuple[CurrentState, int]]
+) -> dict[str, list[DataFile]]:
+    """A refresh on an object store: Spark writes ``frame`` straight into the folder
+    its ``_tm_dest`` column names (``<table>/bucket-NNNNN/<run>``), with no staging
+    folder and no rename (S3A's rename is a copy and a delete). Then each of
+    ``targets`` (a table and a bucket) is listed for what landed in its run's folder
+    and the files described from their footers; the files by table name."""
+    if not _writes_in_place(spark):
+        raise SinkError(
+            "current-state tables on an object store need Spark to write in place (a "
+            "classic session: not Spark Connect)"
+        )
+    scratch = objectstore.local_dir(targets[0][0].uri) / "_writes" / run
+    try:
+        (
+            frame.repartition(tasks, DIRECT_COLUMN)
+            .write.partitionBy(DIRECT_COLUMN)
+            .mode("append")
+            .parquet(str(scratch))
+        )
+    finally:
+        fencing.clear(scratch)
+
+    def found(target: tuple[CurrentState, int]) -> tuple[str, list[DataFile]]:
+        table, bucket = target
+        folder = f"{bucket_dir(bucket)}/{run}"
+        listed = [
+            objectstore.Listed(f"{folder}/{f.name}", f.size, f.modified_ms)
+            for f in objectstore.listing(objectstore.join(table.uri, folder))
+            if f.name.endswith(".parquet") and not f.name.startswith((".", "_"))
+        ]
+        return table.name, describe_remote(table.uri, listed)
+
+    out: dict[str, list[DataFile]] = {}
+    with ThreadPoolExecutor(min(COMMIT_THREADS, len(targets))) as pool:
+        for name, files in pool.map(found, targets):
+            out.setdefault(name, []).extend(files)
+    return out
 
 
 def _finish(

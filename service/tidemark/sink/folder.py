@@ -180,37 +180,7 @@ class TableFolder:
         return out
 
     def _remote_files(self, listed: Sequence[objectstore.Listed]) -> list[DataFile]:
-        """Files on the object store described from their footers, read in parallel (a
-        round costs one footer read's latency, not one per file); empty files left out."""
-        fs = objectstore.arrow_filesystem()
-
-        def describe(item: objectstore.Listed) -> DataFile | None:
-            where = objectstore.arrow_path(join(self.path, item.name))
-            size, modified = item.size, item.modified_ms
-            if size < 0:
-                info = fs.get_file_info(where)
-                size = int(info.size)
-                modified = int(info.mtime.timestamp() * 1000) if info.mtime else 0
-            # the footer from one ranged GET of the file's end (its size is listed);
-            # else pyarrow's own reads (a HEAD and a ranged GET or two)
-            found = None
-            if item.size >= 0:
-                tail = objectstore.read_tail(join(self.path, item.name), FOOTER_TAIL)
-                found = tail_stats(tail, size)
-            if found is None:
-                objectstore.note_request("FOOTER")
-                found = file_stats(where, fs)
-            rows, stats = found
-            if rows == 0:
-                return None
-            return DataFile(item.name, size, rows, modified, stats)
-
-        if len(listed) == 1:
-            found = [describe(listed[0])]
-        else:
-            with ThreadPoolExecutor(min(16, max(1, len(listed)))) as pool:
-                found = list(pool.map(describe, listed))
-        return [f for f in found if f is not None]
+        return describe_remote(self.path, listed)
 
     def files_sync(self, files: Sequence[DataFile]) -> SyncSet:
         """What makes ``files`` (under ``data/``, written for a commit) durable: each
@@ -278,3 +248,38 @@ class TableFolder:
             self.delete_files(added)
             raise
         return [item for group in bins for item in group], added
+
+
+def describe_remote(base: Location, listed: Sequence[objectstore.Listed]) -> list[DataFile]:
+    """Files under ``base`` on the object store (``listed``: names relative to it)
+    described from their footers, read in parallel (a round costs one footer read's
+    latency, not one per file); empty files left out."""
+    fs = objectstore.arrow_filesystem()
+
+    def describe(item: objectstore.Listed) -> DataFile | None:
+        where = objectstore.arrow_path(join(base, item.name))
+        size, modified = item.size, item.modified_ms
+        if size < 0:
+            info = fs.get_file_info(where)
+            size = int(info.size)
+            modified = int(info.mtime.timestamp() * 1000) if info.mtime else 0
+        # the footer from one ranged GET of the file's end (its size is listed);
+        # else pyarrow's own reads (a HEAD and a ranged GET or two)
+        found = None
+        if item.size >= 0:
+            tail = objectstore.read_tail(join(base, item.name), FOOTER_TAIL)
+            found = tail_stats(tail, size)
+        if found is None:
+            objectstore.note_request("FOOTER")
+            found = file_stats(where, fs)
+        rows, stats = found
+        if rows == 0:
+            return None
+        return DataFile(item.name, size, rows, modified, stats)
+
+    if len(listed) == 1:
+        found = [describe(listed[0])]
+    else:
+        with ThreadPoolExecutor(min(16, max(1, len(listed)))) as pool:
+            found = list(pool.map(describe, listed))
+    return [f for f in found if f is not None]

@@ -46,22 +46,23 @@ class CurrentTable:
         )
         self.app_id = f"tidemark-current:{shape}"
         self.name = str(self.uri)
+        self._options = objectstore.storage_options(self.uri) if self.remote else None
 
     def exists(self) -> bool:
-        if self.remote:
-            return False  # (not on an object store yet: config refuses [current] there)
-        return DeltaTable.is_deltatable(self.uri)
+        return DeltaTable.is_deltatable(self.uri, storage_options=self._options)
 
     def recover(self) -> None:
         """At start: ``recover_log`` (torn entries of unsynced commits removed, the last
         run's newest commit made durable). A table damaged otherwise is left for the
-        refresh to report: it is rebuilt from the changelog only by a resync."""
-        recover_log(self.shape, self.path, self.path.parent.parent)
+        refresh to report: it is rebuilt from the changelog only by a resync. (On an
+        object store an entry is one PUT, whole or absent: nothing to repair.)"""
+        if not self.remote:
+            recover_log(self.shape, self.path, self.path.parent.parent)
 
     def table(self, version: int | None = None) -> DeltaTable:
         if not self.exists():
             raise SinkError(f"shape '{self.shape}' has no current-state table at {self.uri}")
-        return DeltaTable(self.uri, version=version)
+        return DeltaTable(self.uri, version=version, storage_options=self._options)
 
     def point(self, dt: DeltaTable | None = None) -> RefreshPoint | None:
         """The newest refresh commit (None: no table, or never refreshed)."""
@@ -127,11 +128,12 @@ class CurrentTable:
         # the files before the entry that names them, the entry before this returns: a
         # refresh is durable before retention drops the changelog rows it folds
         synced = SyncSet()
-        for f in added:
+        for f in added if not self.remote else ():
             synced.new_file(self.path / f.path, self.path, f.size)
         if pinned is None:
             fence.check()
-            make_dirs(self.path)
+            if not self.remote:
+                make_dirs(self.path)
             description = json.dumps({"tidemark": {"current_of": self.shape}}, sort_keys=True)
             dt = DeltaTable.create(
                 self.uri,
@@ -140,9 +142,11 @@ class CurrentTable:
                 name=f"{self.shape} (current)",
                 description=description,
                 commit_properties=fence.creation(),
+                storage_options=self._options,
             )
-            synced.update(entries_sync(self.path / "_delta_log", 0, 0))
-            synced.new_folder(self.path / "_delta_log", self.path.parent.parent)
+            if not self.remote:
+                synced.update(entries_sync(self.path / "_delta_log", 0, 0))
+                synced.new_folder(self.path / "_delta_log", self.path.parent.parent)
             overwrite = False  # a new table: nothing to replace
         else:
             dt = pinned.handle
@@ -158,4 +162,5 @@ class CurrentTable:
             commit_properties=properties,
         )
         dt.update_incremental()
-        entries_sync(self.path / "_delta_log", before + 1, dt.version()).sync()
+        if not self.remote:  # (on a store: durable when the PUT returned)
+            entries_sync(self.path / "_delta_log", before + 1, dt.version()).sync()

@@ -53,7 +53,8 @@ class DeltaFormat(current.Refreshing):
         return epochs.mark_tables(root, epoch, found, app_id)
 
     def recover_current(self, root: str | Path, shape: str) -> None:
-        fencing.clear(current_path(root, shape) / current.STAGING_DIR)
+        if not objectstore.is_remote(root):
+            fencing.clear(current_path(root, shape) / current.STAGING_DIR)
         CurrentTable(root, shape).recover()
 
     def vacuum_and_clean(self, root: str | Path, shape: str, floor_hours: int) -> None:
@@ -100,11 +101,14 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
         before = dt.version()
         dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True)
         dt.update_incremental()  # (the vacuum's own commits, synced like every other)
-        entries_sync(table.path / "_delta_log", before + 1, dt.version()).sync()
+        if not table.remote:
+            entries_sync(table.path / "_delta_log", before + 1, dt.version()).sync()
         dt.cleanup_metadata()
     if changelog.exists():
         fencing.check()
-        DeltaTable(changelog.uri).cleanup_metadata()
+        DeltaTable(
+            changelog.uri, storage_options=objectstore.storage_options(changelog.uri)
+        ).cleanup_metadata()
 
 
 def table_stats(path: Path | str) -> tuple[int, int] | None:
