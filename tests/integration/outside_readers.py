@@ -17,15 +17,29 @@ from tests.fold_cases import fold_model
 from tidemark.verify import normalise
 
 
-def duck() -> duckdb.DuckDBPyConnection:
+def duck(*extra: str) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with its Delta and Iceberg extensions (and Avro, which the
-    Iceberg one reads manifests with), loaded from the ``duckdb-ext-*`` packages."""
+    Iceberg one reads manifests with), loaded from the ``duckdb-ext-*`` packages;
+    ``extra``: more of them (``httpfs``: S3)."""
     folder = Path(duckdb.__file__).parent.parent / "duckdb_ext" / "extensions"
     con = duckdb.connect(config={"autoinstall_known_extensions": "false"})
-    for name in ("avro", "iceberg", "delta"):
+    for name in ("avro", "iceberg", "delta", *extra):
         found = sorted(folder.glob(f"v{duckdb.__version__}/*/{name}.duckdb_extension"))
         assert found, f"no {name} extension for DuckDB {duckdb.__version__} under {folder}"
         con.execute(f"LOAD '{found[0]}'")
+    return con
+
+
+def duck_s3(endpoint: str, key_id: str, secret: str, region: str) -> duckdb.DuckDBPyConnection:
+    """``duck`` with ``httpfs`` and an S3 secret for an S3-compatible store at
+    ``endpoint`` (path-style), as the reading guide sets it up."""
+    con = duck("httpfs")
+    scheme, host = endpoint.split("://", 1)
+    con.execute(
+        f"CREATE SECRET store (TYPE S3, KEY_ID '{key_id}', SECRET '{secret}', "
+        f"REGION '{region}', ENDPOINT '{host}', URL_STYLE 'path', "
+        f"USE_SSL {'true' if scheme == 'https' else 'false'})"
+    )
     return con
 
 

@@ -158,14 +158,18 @@ def check_every_reader(spark: Any, db: PgDatabase, root: str) -> None:
             assert pairs and max(pairs.values()) == 1, shape
 
 
-def check_current_tables(db: PgDatabase, root: str) -> None:
-    """Each shape's current-state table, read plainly from the bucket (deltalake and
-    Polars, no tidemark), equals Postgres: a clean stop folded it to the frontier.
-    Spark wrote its files in place, in a folder of the refresh's own in each bucket."""
+def check_current_tables(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy) -> None:
+    """Each shape's current-state table, read plainly from the bucket (deltalake,
+    Polars and DuckDB with httpfs, no tidemark), equals Postgres: a clean stop folded
+    it to the frontier. Spark wrote its files in place, in a folder of the refresh's
+    own in each bucket."""
     import polars as pl
     from deltalake import DeltaTable
 
+    from .outside_readers import duck_s3, records
+
     options = objectstore.storage_options(root)
+    con = duck_s3(proxy.endpoint, server.identity, server.credential, REGION)
     with psycopg.connect(db.dsn) as conn:
         for shape, query in TRUTH.items():
             expected = Counter(tuple(map(normalise, r)) for r in conn.execute(query))
@@ -176,6 +180,8 @@ def check_current_tables(db: PgDatabase, root: str) -> None:
             rows = Counter(tuple(normalise(r[c]) for c in columns) for r in got.to_pylist())
             assert rows == expected, shape
             assert pl.read_delta(uri, storage_options=options).height == sum(expected.values())
+            ducked = records(con, f"select * from delta_scan('{uri}')")
+            assert Counter(tuple(normalise(r[c]) for c in columns) for r in ducked) == expected
             paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
             assert all(p.startswith("bucket-") and "/r-" in p for p in paths), paths[:3]
     keys = [f.name for f in objectstore.listing(objectstore.join(root, "current"))]
@@ -220,7 +226,7 @@ async def test_a_delta_root_on_s3_equals_postgres(
         ready, reasons = service.readiness()
         assert ready, reasons
     check_every_reader(spark, pg_db, root)
-    check_current_tables(pg_db, root)
+    check_current_tables(pg_db, root, server, proxy)
     # nothing of the root on the local disk but scratch: the tables and state are objects
     keys = {f.name for f in objectstore.listing(root)}
     for name in ("_tidemark/format.json", "_tidemark/frontiers.json", "_tidemark/claims.json"):
@@ -238,7 +244,7 @@ async def test_a_delta_root_on_s3_equals_postgres(
         await workload(pg_db, 2000)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
     check_every_reader(spark, pg_db, root)
-    check_current_tables(pg_db, root)
+    check_current_tables(pg_db, root, server, proxy)
 
     # the command line reads the bucket with [s3] from a settings file: tidemark read
     # (pyarrow), tidemark read --spark (its own Spark, S3A on its class path), tables
