@@ -532,8 +532,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _object_store_root(self) -> Settings:
-        """An ``s3://`` root: what it holds so far (Delta's changelog and current-state
-        tables; Iceberg's changelog tables, with a catalog of their own)."""
+        """An ``s3://`` root: a bucket name, and Iceberg's tables with a catalog of their
+        own."""
         root = self.sink.root
         scheme = root.partition("://")[0].lower() if "://" in root else ""
         if scheme and scheme != "s3":
@@ -556,13 +556,6 @@ class Settings(BaseSettings):
                 "SQLite file under the root, which an object store cannot hold: set [iceberg] "
                 "catalog_uri to a catalog every instance reaches (postgresql://user@host/db, "
                 "or an Iceberg REST catalog's http(s):// URL)"
-            )
-        if self.current.enabled and self.sink.format == "iceberg":
-            raise ValueError(
-                f"[sink] root = {root!r}: an object-store root holds Iceberg's changelog "
-                "tables so far, not its current-state tables: set [current] enabled = false "
-                "(read the current state with tidemark read, which folds the changelog), or "
-                'use format = "delta"'
             )
         return self
 

@@ -300,7 +300,7 @@ def iceberg_settings(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy, u
         root,
         SHAPES,
         s3=s3_settings(server, proxy),
-        current={"enabled": False},
+        current={"enabled": True, "refresh_s": 1.0, "fold_on_stop": True},
         sink={"format": "iceberg"},
         iceberg={"catalog_uri": uri},
     )
@@ -341,6 +341,14 @@ def check_iceberg_readers(
             lsns, ops = (changes.column(c).to_pylist() for c in ("_lsn", "_op"))
             pairs = Counter(zip(lsns, ops, strict=True))
             assert pairs and max(pairs.values()) == 1, shape
+        # the current-state tables, folded at the clean stop: the state, plainly
+        with psycopg.connect(db.dsn) as conn:
+            for shape, query in TRUTH.items():
+                expected = Counter(tuple(map(normalise, r)) for r in conn.execute(query))
+                state = outside.load_table(("tidemark_current", shape)).scan().to_arrow()
+                columns = [c for c in state.column_names if c != "_lsn"]
+                got = Counter(tuple(normalise(r[c]) for c in columns) for r in state.to_pylist())
+                assert got == expected, shape
     finally:
         outside.engine.dispose()
 

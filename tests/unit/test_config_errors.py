@@ -378,15 +378,7 @@ def test_a_shape_is_numbered_from_one_as_the_file_has_it(
         ({"sink": {"root": "gs://lake/x"}}, "s3://bucket/prefix"),
         ({"sink": {"root": "s3://Not_A_Bucket/x"}}, "is not a bucket name"),
         (
-            {
-                "sink": {"root": "s3://lake/x", "format": "iceberg"},
-                "iceberg": {"catalog_uri": "postgresql://tm@db/catalog"},
-                "current": {"enabled": True},
-            },
-            "[current] enabled",
-        ),
-        (
-            {"sink": {"root": "s3://lake/x", "format": "iceberg"}, "current": {"enabled": False}},
+            {"sink": {"root": "s3://lake/x", "format": "iceberg"}},
             "[iceberg] catalog_uri",
         ),
     ],
@@ -406,7 +398,7 @@ def test_an_iceberg_root_on_s3_with_its_own_catalog_is_accepted() -> None:
     loaded = load_settings(
         require_dsn=False,
         sink={"root": "s3://lake/x", "format": "iceberg"},
-        current={"enabled": False},
         iceberg={"catalog_uri": "postgresql://tm@db/catalog"},
     )
     assert loaded.sink.root == "s3://lake/x" and loaded.sink.format == "iceberg"
+    assert loaded.current.enabled

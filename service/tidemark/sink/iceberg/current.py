@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import structlog
 
-from tidemark import fencing
+from tidemark import fencing, objectstore
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
-from tidemark.sink.current import bucket_of_path, current_path, point_of
+from tidemark.sink.current import CURRENT_DIR, bucket_of_path, current_path, point_of
 from tidemark.sink.files import DataFile
 from tidemark.sink.iceberg import snapshots
 from tidemark.sink.iceberg.catalog import current_namespace
@@ -53,9 +53,10 @@ class IcebergCurrent:
         self, catalog: Catalog, namespace: str, root: str | Path, shape: str, format_version: int
     ) -> None:
         self.shape = shape
-        self.root = Path(root)
-        self.path = current_path(root, shape)
-        self.uri = str(self.path)
+        self.remote = objectstore.is_remote(root)
+        self.root = Path(root) if not self.remote else Path(".")
+        self.path = current_path(self.root, shape)  # (a local table's folder)
+        self.uri = str(objectstore.join(root, CURRENT_DIR, shape) if self.remote else self.path)
         self.catalog = catalog
         self.ident = (current_namespace(namespace), shape)
         self.format_version = format_version
@@ -142,7 +143,7 @@ class IcebergCurrent:
         from pyiceberg.exceptions import CommitFailedException
 
         synced = SyncSet()
-        for f in added:
+        for f in added if not self.remote else ():  # (on a store: durable once put)
             synced.new_file(self.path / f.path, self.path, f.size)
         synced.sync()  # the files before the commit that names them
         plain = pa.schema([f.remove_metadata() for f in schema])
@@ -194,7 +195,9 @@ class IcebergCurrent:
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
         fencing.check()
-        make_dirs(self.path)
+        if not self.remote:
+            make_dirs(self.path)
+        location = self.uri if self.remote else self.path.resolve().as_uri()
         iceberg = snapshots.iceberg_schema(schema)
         properties = snapshots.TABLE_PROPERTIES | {
             "format-version": str(self.format_version),
@@ -207,7 +210,7 @@ class IcebergCurrent:
             tx = self.catalog.create_table_transaction(
                 self.ident,
                 schema=iceberg,
-                location=self.path.resolve().as_uri(),
+                location=location,
                 properties=properties,
             )
             io = tx._table.io
@@ -215,7 +218,7 @@ class IcebergCurrent:
                 snapshot_properties=snapshots.marked({}, metadata)
             ).fast_append() as files:
                 for f in added:
-                    uri = (self.path / f.path).resolve().as_uri()
+                    uri = f"{location.rstrip('/')}/{f.path}"
                     files.append_data_file(parquet_file_to_data_file(io, tx.table_metadata, uri))
             tx.commit_transaction()
         except Exception as exc:
@@ -223,6 +226,7 @@ class IcebergCurrent:
                 f"cannot create the Iceberg table {self.name} (current state of shape "
                 f"'{self.shape}'): {type(exc).__name__}: {exc}"
             ) from exc
-        synced = SyncSet()
-        synced.new_folder(self.path / "metadata", self.root)
-        synced.sync()
+        if not self.remote:
+            synced = SyncSet()
+            synced.new_folder(self.path / "metadata", self.root)
+            synced.sync()

@@ -114,7 +114,7 @@ class IcebergFormat(current.Refreshing):
 
     def recover_current(self, root: str | Path, shape: str) -> None:
         if objectstore.is_remote(root):
-            return  # (no current tables on an object store yet: config refuses them)
+            return  # (nothing to clear or repair: a refresh's files are put in place)
         fencing.clear(current_path(root, shape) / current.STAGING_DIR)
         self.current(root, shape).recover()
 
@@ -131,7 +131,7 @@ class IcebergFormat(current.Refreshing):
         )
         snapshots.check_fence(snapshots.summary(table), f"the current table of shape '{shape}'")
         table = expire(table, hours)
-        remove_unreferenced(table, state.path, hours)
+        remove_unreferenced(table, state.uri if state.remote else state.path, hours)
 
     def table_stats(self, path: Path | str) -> tuple[int, int] | None:
         """(data files, manifests of the newest snapshot) of a table folder."""
