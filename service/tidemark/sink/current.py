@@ -59,12 +59,12 @@ import structlog
 
 from tidemark import fencing, objectstore
 from tidemark.errors import SinkError
-from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
+from tidemark.jvm import DIRECT_COLUMN
 from tidemark.lsn import format_lsn
 from tidemark.sink import table_format
 from tidemark.sink.files import DataFile, describe_file
 from tidemark.sink.fold import TRUNCATE, fold, fold_onto, snapshot_rows
-from tidemark.sink.folder import describe_remote
+from tidemark.sink.folder import describe_remote, writes_in_place
 from tidemark.sink.port import (
     ChangelogFile,
     ChangelogView,
@@ -514,16 +514,7 @@ def _tail_frame(spark: Any, schema: pa.Schema, files: Sequence[str]) -> Any:
 
 def _for_spark(uris: Sequence[str]) -> list[str]:
     """Files as Spark's filesystems name them (an object store's through S3A)."""
-    return [objectstore.s3a(u) if objectstore.is_remote(u) else u for u in uris]
-
-
-def _writes_in_place(spark: Any) -> bool:
-    """Whether the session writes through ``DirectPartitionCommitProtocol``."""
-    try:
-        chosen = spark.conf.get("spark.sql.sources.commitProtocolClass", "")
-    except Exception:  # (Spark Connect)
-        return False
-    return bool(chosen == DIRECT_COMMIT_CLASS)
+    return [objectstore.s3a(u) for u in uris]
 
 
 def _new_run() -> str:
@@ -539,7 +530,7 @@ def _write_in_place(
     folder and no rename (S3A's rename is a copy and a delete). Then each of
     ``targets`` (a table and a bucket) is listed for what landed in its run's folder
     and the files described from their footers; the files by table name."""
-    if not _writes_in_place(spark):
+    if not writes_in_place(spark):
         raise SinkError(
             "current-state tables on an object store need Spark to write in place (a "
             "classic session: not Spark Connect)"

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,7 +35,12 @@ import structlog
 from tidemark import fencing, objectstore
 from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import WriterFenced
+from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
 from tidemark.objectstore import Location, is_remote, join
+
+if TYPE_CHECKING:
+    from tidemark.sink.port import ChangelogTable
+
 from tidemark.sink.files import FOOTER_TAIL, DataFile, describe_file, file_stats, tail_stats
 
 log = structlog.get_logger("tidemark.sink")
@@ -211,6 +217,10 @@ class TableFolder:
             except OSError:
                 continue
 
+    def _arrow_path(self, rel: str) -> str:
+        """A file of the table as pyarrow names it (on a store: ``bucket/key``)."""
+        return objectstore.arrow_path(join(self.path, rel))
+
     def rewrite_small(
         self, active: Sequence[tuple[str, int]], target_size: int, schema: pa.Schema
     ) -> tuple[list[tuple[str, int]], list[DataFile]]:
@@ -230,19 +240,21 @@ class TableFolder:
         bins = [b for b in bins if len(b) > 1]
         if not bins:
             return [], []
-        if not isinstance(self.path, Path):
-            return [], []  # (not yet on an object store: the files stay as they are)
         rel, folder = self.new_batch_dir()
-        assert isinstance(folder, Path)
-        folder.mkdir(parents=True)
+        # on an object store through pyarrow's S3 client: each file read, and the new
+        # one put whole (a multipart upload when large), durable once it completed
+        fs = objectstore.arrow_filesystem() if self.remote else None
+        if isinstance(folder, Path):
+            folder.mkdir(parents=True)
         added: list[DataFile] = []
         try:
             for i, group in enumerate(bins):
-                parts = [pq.read_table(self.path / p) for p, _ in group]
+                parts = [pq.read_table(self._arrow_path(p), filesystem=fs) for p, _ in group]
                 rows = pa.concat_tables(parts, promote_options="default")
                 rows = rows.select([n for n in schema.names if n in rows.column_names])
                 name = f"{rel}/part-{i:05d}-compacted.parquet"
-                pq.write_table(rows, self.path / name, compression="zstd")
+                fencing.check()
+                pq.write_table(rows, self._arrow_path(name), filesystem=fs, compression="zstd")
                 added.append(self.file_at(name))
         except BaseException:
             self.delete_files(added)
@@ -283,3 +295,35 @@ def describe_remote(base: Location, listed: Sequence[objectstore.Listed]) -> lis
         with ThreadPoolExecutor(min(16, max(1, len(listed)))) as pool:
             found = list(pool.map(describe, listed))
     return [f for f in found if f is not None]
+
+
+def writes_in_place(spark: Any) -> bool:
+    """Whether the session's writes go through ``DirectPartitionCommitProtocol``
+    (``tidemark.spark.local_mode_conf``): then a round partitions by ``_tm_dest``, each
+    member's table folder, and its tasks write there; otherwise by the member's index
+    under ``staging``, and each member's folder is moved into its table (``_adopt``)."""
+    try:
+        chosen = spark.conf.get("spark.sql.sources.commitProtocolClass", "")
+    except Exception:  # (Spark Connect: its server's settings are not tidemark's)
+        return False
+    return bool(chosen == DIRECT_COMMIT_CLASS)
+
+
+def write_files(spark: Any, frame: Any, table: ChangelogTable, folder: Path | str) -> None:
+    """Spark writes ``frame`` as Parquet files into ``folder`` (a batch's new folder).
+    For a table on an object store, in place (``DirectPartitionCommitProtocol``: the
+    frame partitioned by ``_tm_dest``, the job's own output a local scratch folder), so
+    no ``_temporary`` folder is made on the store and no file is renamed there (S3A's
+    rename is a copy and a delete of each file)."""
+    if not table.remote or not writes_in_place(spark):
+        frame.write.mode("append").parquet(str(folder))
+        return
+    from pyspark.sql import functions as F
+
+    scratch = objectstore.local_dir(table.root) / "_writes" / str(uuid.uuid4())
+    try:
+        frame.withColumn(DIRECT_COLUMN, F.lit(str(folder))).write.partitionBy(DIRECT_COLUMN).mode(
+            "append"
+        ).parquet(str(scratch))
+    finally:
+        fencing.clear(scratch)

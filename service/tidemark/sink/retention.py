@@ -21,8 +21,10 @@ from typing import Any
 
 import structlog
 
+from tidemark import objectstore
 from tidemark.sink import table_format
 from tidemark.sink.files import DataFile
+from tidemark.sink.folder import write_files
 from tidemark.sink.port import RefreshPoint, RetentionResult, TableFormat
 from tidemark.sink.schema import LSN, spark_schema
 
@@ -71,11 +73,13 @@ def compact_changelog(
     rows_before = sum(f.rows for f in old)
     added: list[DataFile] = []
     if old:
-        frame = spark.read.schema(spark_schema(view.schema)).parquet(*[f.uri for f in old])
+        uris = [objectstore.s3a(f.uri) for f in old]
+        frame = spark.read.schema(spark_schema(view.schema)).parquet(*uris)
         rel, folder = changelog.new_batch_dir()
         files = max(1, -(-rows_before // 2_000_000))
-        frame.where(F.col(LSN) > F.lit(boundary)).coalesce(files).write.mode("append").parquet(
-            str(folder)
+        # (on an object store in place: no _temporary folder, no renames)
+        write_files(
+            spark, frame.where(F.col(LSN) > F.lit(boundary)).coalesce(files), changelog, folder
         )
         added = changelog.files_in(rel)
     removed = [(f.path, f.size) for f in old]

@@ -32,11 +32,12 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
-from tidemark import fencing, objectstore
+from tidemark import fencing
 from tidemark.durable import SyncFailed, SyncSet
 from tidemark.errors import SinkError
-from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
+from tidemark.jvm import DIRECT_COLUMN
 from tidemark.sink.files import DataFile
+from tidemark.sink.folder import write_files, writes_in_place
 from tidemark.sink.port import ChangelogTable
 from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema, table_schema
 from tidemark.spark import arrow_parts, is_connect, readable_path
@@ -92,26 +93,6 @@ def write_arrow(
             files = max(1, -(-rows // ROWS_PER_FILE))
             write_files(spark, frame.coalesce(files), table, folder)
     return table.files_in(rel)
-
-
-def write_files(spark: Any, frame: Any, table: ChangelogTable, folder: Path | str) -> None:
-    """Spark writes ``frame`` as Parquet files into ``folder`` (a batch's new folder).
-    For a table on an object store, in place (``DirectPartitionCommitProtocol``: the
-    frame partitioned by ``_tm_dest``, the job's own output a local scratch folder), so
-    no ``_temporary`` folder is made on the store and no file is renamed there (S3A's
-    rename is a copy and a delete of each file)."""
-    if not table.remote or not writes_in_place(spark):
-        frame.write.mode("append").parquet(str(folder))
-        return
-    from pyspark.sql import functions as F
-
-    scratch = objectstore.local_dir(table.root) / "_writes" / str(uuid.uuid4())
-    try:
-        frame.withColumn(DIRECT_COLUMN, F.lit(str(folder))).write.partitionBy(DIRECT_COLUMN).mode(
-            "append"
-        ).parquet(str(scratch))
-    finally:
-        fencing.clear(scratch)
 
 
 @contextmanager
@@ -597,20 +578,6 @@ def round_codec(nbytes: int, members: int) -> str | None:
     """The Parquet codec of a round's files: ``none`` for rounds of tiny batches,
     otherwise None (the session's, Snappy)."""
     return "none" if members and nbytes <= PLAIN_MEMBER_BYTES * members else None
-
-
-def writes_in_place(spark: Any) -> bool:
-    """Whether the session's writes go through ``DirectPartitionCommitProtocol``
-    (``tidemark.spark.local_mode_conf``): then a round partitions by ``_tm_dest``, each
-    member's table folder, and its tasks write there; otherwise by the member's index
-    under ``staging``, and each member's folder is moved into its table (``_adopt``)."""
-    if is_connect(spark):
-        return False
-    try:
-        chosen = spark.conf.get("spark.sql.sources.commitProtocolClass", "")
-    except Exception:
-        return False
-    return bool(chosen == DIRECT_COMMIT_CLASS)
 
 
 def _found_in_place(members: Sequence[tuple[ChangelogTable, str]]) -> list[list[DataFile]]:
