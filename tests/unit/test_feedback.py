@@ -128,3 +128,42 @@ def test_a_stop_whose_connection_the_receive_loop_closed_meanwhile_ends_cleanly(
         assert client._conn is None
 
     asyncio.run(run())
+
+
+def test_a_silent_walsender_is_asked_for_a_reply_then_taken_for_lost() -> None:
+    """As PostgreSQL's walreceiver does with ``wal_receiver_timeout``: half the receive
+    timeout without a message, and the next status update asks for a reply (once);
+    all of it, and the connection is lost. Any message starts the count again."""
+    fb = Feedback(100, keepalive_interval_s=10.0, receive_timeout_s=20.0)
+    fb.note_heard(0.0)
+    update = fb.due(0.0)
+    assert update is not None and not update.reply_requested  # (the first update)
+    fb.sent(update, 0.0)
+    assert fb.due(9.0) is None and fb.next_deadline(9.0) == 1.0  # the ping at 10 s
+    ping = fb.due(10.0)
+    assert ping is not None and ping.reply_requested
+    fb.sent(ping, 10.0)
+    assert fb.next_deadline(11.0) == 9.0  # (no second ping: the next is the keepalive)
+    later = fb.due(19.0)
+    assert later is None or not later.reply_requested
+    assert not fb.timed_out(19.9) and fb.timed_out(20.0)
+    fb.note_heard(20.5)  # the answer came after all
+    assert not fb.timed_out(40.0) and fb.silent_for(40.0) == 19.5
+    assert fb.due(31.0) is not None and fb.due(31.0).reply_requested  # type: ignore[union-attr]
+
+
+def test_without_a_receive_timeout_silence_is_never_a_loss() -> None:
+    fb = Feedback(100)
+    fb.note_heard(0.0)
+    assert not fb.timed_out(10_000.0)
+    update = fb.due(10_000.0)
+    assert update is not None and not update.reply_requested
+
+
+def test_the_receive_timeout_follows_the_servers_wal_sender_timeout() -> None:
+    from tidemark.replication.client import connect_timeout, receive_timeout
+
+    assert receive_timeout(60.0) == 60.0 and receive_timeout(2.0) == 10.0
+    assert receive_timeout(0.0) == 60.0  # (the server's timeout off)
+    assert connect_timeout("host=db dbname=app") == {"connect_timeout": 10}
+    assert connect_timeout("postgresql://db/app?connect_timeout=3") == {}

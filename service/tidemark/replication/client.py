@@ -122,6 +122,7 @@ class ClientStats:
     keepalives: int = 0
     status_updates: int = 0
     reconnects: int = 0
+    last_disconnect: str = ""  # why the stream was last lost (redacted)
     connected: bool = False
     walsender_pid: int | None = None
     history: list[tuple[float, StatusUpdate]] = field(default_factory=list)
@@ -240,9 +241,10 @@ class ReplicationClient:
                     self.config.reconnect_initial_s * 2 ** min(attempt - 1, 16),
                 )
                 delay *= 0.5 + random.random() / 2  # jitter
+                self.stats.last_disconnect = redact_text(str(exc), self.config.dsn).strip()
                 log.warning(
                     "replication.disconnected",
-                    error=redact_text(str(exc), self.config.dsn).strip(),
+                    error=self.stats.last_disconnect,
                     retry_in_s=round(delay, 2),
                     attempt=attempt,
                 )
@@ -312,6 +314,7 @@ class ReplicationClient:
                 replication="database",
                 autocommit=True,
                 options=session_options(cfg.dsn),
+                **connect_timeout(cfg.dsn),
             )
         except psycopg.OperationalError as exc:
             raise classify_connect_error(exc, cfg.dsn) from exc
@@ -320,7 +323,9 @@ class ReplicationClient:
         """Checks and objects on a normal connection; returns (server major, dbname)."""
         cfg = self.config
         try:
-            conn = await psycopg.AsyncConnection.connect(cfg.dsn, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(
+                cfg.dsn, autocommit=True, **connect_timeout(cfg.dsn)
+            )
         except psycopg.OperationalError as exc:
             raise classify_connect_error(exc, cfg.dsn) from exc
         try:
@@ -397,6 +402,7 @@ class ReplicationClient:
         slot_lsn = await self._slot_start_lsn(repl, dbname, reconnect, self.system)
         if self.feedback is None:
             self.feedback = Feedback(slot_lsn, keepalive_interval_s=keepalive_interval(timeout_s))
+        self.feedback.receive_timeout_s = receive_timeout(timeout_s)
         # Resume from what we know is durable; Postgres uses max(this, confirmed_flush).
         start = max(slot_lsn, self.feedback.flush_lsn)
         self.start_lsn = start if self.start_lsn is None else self.start_lsn
@@ -489,6 +495,8 @@ class ReplicationClient:
         stats = self.stats
         queue = self.queue
         unpack_x = _XLOG_HEADER.unpack_from
+        clock = self._clock
+        feedback.note_heard(clock())
         while not self._stopping:
             try:
                 pgconn.consume_input()
@@ -498,9 +506,11 @@ class ReplicationClient:
             append = payloads.append
             header: Any = None  # the last XLogData: WAL positions never decrease in a stream
             received = 0
+            heard = False
             while True:
                 nbytes, data = pgconn.get_copy_data(1)
                 if nbytes > 0:
+                    heard = True
                     if data[0] == 0x77 and nbytes >= 25:  # 'w' XLogData, whole header
                         append(bytes(data[25:]))
                         header = data
@@ -539,8 +549,21 @@ class ReplicationClient:
                 stats.messages_received += len(payloads)
                 stats.bytes_received += received
                 await self._enqueue(WalBatch(payloads, last, received))
+                # (heard after the queue took it: a wait for the consumer is no silence)
+                feedback.note_heard(clock())
                 continue  # there may be more already buffered
-            await self._wait_readable(None)
+            if heard:
+                feedback.note_heard(clock())
+            elif feedback.timed_out(clock()):
+                raise ConnectionLost(
+                    f"nothing from the walsender for {feedback.silent_for(clock()):.0f} s, "
+                    "not even an answer to a status update that asked for one: the network "
+                    "holds or drops the packets; connecting again"
+                )
+            limit = feedback.receive_timeout_s
+            await self._wait_readable(
+                None if limit is None else max(0.05, limit - feedback.silent_for(clock()))
+            )
 
     async def _enqueue(self, batch: WalBatch) -> None:
         """Queue a batch for the consumer; wait while it has more bytes than
@@ -580,7 +603,11 @@ class ReplicationClient:
         now = self._clock()
         wall = self._wall()
         msg = standby_status_update(
-            update.write_lsn, update.flush_lsn, update.apply_lsn, pg_now_us(wall), False
+            update.write_lsn,
+            update.flush_lsn,
+            update.apply_lsn,
+            pg_now_us(wall),
+            update.reply_requested,
         )
         conn.pgconn.put_copy_data(msg)
         self.feedback.sent(update, now)
@@ -635,6 +662,35 @@ class ReplicationClient:
         if self._dropping is not None:
             reason, self._dropping = self._dropping, None
             raise ConnectionLost(f"stream dropped: {reason}")
+
+
+CONNECT_TIMEOUT_S = 10  # when the DSN gives none: a network that holds the packets
+
+
+def connect_timeout(dsn: str) -> dict[str, Any]:
+    """``connect_timeout`` for a connection of the stream, unless the DSN sets one
+    (libpq's default is to wait for ever)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return {}
+    return {} if "connect_timeout" in given else {"connect_timeout": CONNECT_TIMEOUT_S}
+
+
+RECEIVE_TIMEOUT_MIN_S = 10.0
+RECEIVE_TIMEOUT_OFF_S = 60.0  # when the server's wal_sender_timeout is 0 (off)
+
+
+def receive_timeout(wal_sender_timeout_s: float) -> float:
+    """How long the walsender may be silent before the connection is taken for lost
+    (PostgreSQL's own walreceiver: ``wal_receiver_timeout``): the server's
+    ``wal_sender_timeout`` (it ends a silent client after as long), at least 10 s;
+    at half of it a status update asks the walsender for a reply."""
+    if wal_sender_timeout_s <= 0:
+        return RECEIVE_TIMEOUT_OFF_S
+    return max(RECEIVE_TIMEOUT_MIN_S, wal_sender_timeout_s)
 
 
 def _parse_duration_s(text: str) -> float:

@@ -59,6 +59,7 @@ class Feedback:
         *,
         keepalive_interval_s: float = 10.0,
         min_interval_s: float = 0.05,
+        receive_timeout_s: float | None = None,
     ) -> None:
         # Everything before the slot's confirmed position is durable by definition.
         self.received = start_lsn
@@ -69,6 +70,12 @@ class Feedback:
         self._sent: StatusUpdate | None = None
         self._sent_at = float("-inf")
         self._reply_due = False
+        # silence: after half of ``receive_timeout_s`` without a message the next
+        # update asks the walsender for a reply; after all of it the connection is lost
+        # (a network that holds packets: TCP alone may not say so for hours)
+        self.receive_timeout_s = receive_timeout_s
+        self._heard_at: float | None = None
+        self._pinged = False
 
     # -- inputs --------------------------------------------------------------
 
@@ -76,6 +83,25 @@ class Feedback:
         """XLogData start or keepalive ``wal_end`` seen on the socket."""
         if lsn > self.received:
             self.received = lsn
+
+    def note_heard(self, now: float) -> None:
+        """A message (data or keepalive) arrived from the walsender at ``now``."""
+        self._heard_at = now
+        self._pinged = False
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the walsender was last heard (0 before the first message is
+        awaited: ``note_heard`` at the connection's start)."""
+        return 0.0 if self._heard_at is None else max(0.0, now - self._heard_at)
+
+    def timed_out(self, now: float) -> bool:
+        """Whether the walsender has been silent for all of ``receive_timeout_s``."""
+        limit = self.receive_timeout_s
+        return limit is not None and self.silent_for(now) >= limit
+
+    def _ping_due(self, now: float) -> bool:
+        limit = self.receive_timeout_s
+        return limit is not None and not self._pinged and self.silent_for(now) >= limit / 2
 
     def note_keepalive(self, wal_end: int, reply_requested: bool) -> None:
         self.note_received(wal_end)
@@ -112,6 +138,10 @@ class Feedback:
         update = self.current()
         if self._reply_due:
             return update
+        if self._ping_due(now):  # (``sent`` records the ping)
+            return StatusUpdate(
+                update.write_lsn, update.flush_lsn, update.apply_lsn, reply_requested=True
+            )
         elapsed = now - self._sent_at
         if elapsed >= self.keepalive_interval_s:
             return update
@@ -127,16 +157,23 @@ class Feedback:
     def next_deadline(self, now: float) -> float:
         """Seconds until an update becomes due without new input."""
         prev = self._sent
-        if self._reply_due:
+        if self._reply_due or self._ping_due(now):
             return 0.0
         if prev is not None and self.current().flush_lsn > prev.flush_lsn:
-            return max(0.0, self._sent_at + self.min_interval_s - now)
-        return max(0.0, self._sent_at + self.keepalive_interval_s - now)
+            wait = max(0.0, self._sent_at + self.min_interval_s - now)
+        else:
+            wait = max(0.0, self._sent_at + self.keepalive_interval_s - now)
+        limit = self.receive_timeout_s
+        if limit is not None and not self._pinged and self._heard_at is not None:
+            wait = min(wait, max(0.0, self._heard_at + limit / 2 - now))
+        return wait
 
     def sent(self, update: StatusUpdate, now: float) -> None:
         self._sent = update
         self._sent_at = now
         self._reply_due = False
+        if update.reply_requested:
+            self._pinged = True
 
     @property
     def last_sent(self) -> StatusUpdate | None:
