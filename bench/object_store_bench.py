@@ -2,8 +2,8 @@
 (N equality shapes, 5k rows/s in 100-row transactions for 30 s) with Delta tables on
 local disk, then on a real S3 server (S3Proxy, started here) behind Toxiproxy adding
 20 ms to every reply, as a region's S3 does. Current-state tables are off in both, so
-the two runs measure the stream's rounds alone; both in one Spark session with the task slots tidemark gives a root on an object store
-(``local[8]``).
+the two runs measure the stream's rounds alone; both in one Spark session with the
+task slots tidemark gives a root on an object store (``local[8]``).
 
 Printed per N: ready time, ack lag p50/p99, drain, and the S3 run's p99 against the
 local one's (issue 52's goal: at most 2x at 1000 shapes); then the requests the S3 run
