@@ -131,6 +131,11 @@ async def test_bad_requests_get_a_clear_4xx_and_a_long_or_works(
         await ask("bad lsn", "GET", "/v1/progress/wait?lsn=1/2/3")
         await ask("huge lsn", "GET", "/v1/progress/wait?lsn=FFFFFFFFF/0")
         await ask("unknown shape", "GET", f"/v1/progress/wait?lsn={lsn}&shape=nope")
+        # (an LSN far ahead: a request taken would wait its 2 s and answer 504)
+        ahead = "FFFFFFFF/0"
+        await ask("unknown parameter", "GET", f"/v1/progress/wait?lsn={ahead}&timeout=2&x=1")
+        twice = f"/v1/progress/wait?lsn={ahead}&timeout=2&timeout=200"
+        await ask("timeout twice", "GET", twice)
         # paths and methods
         await ask("no path", "GET", "/v1/nothing")
         await ask("wrong method", "PUT", "/v1/shapes")
@@ -182,6 +187,8 @@ async def test_bad_requests_get_a_clear_4xx_and_a_long_or_works(
         expect("bad lsn", parameter, "invalid LSN")
         expect("huge lsn", parameter)
         expect("unknown shape", not_found)
+        expect("unknown parameter", parameter, "unknown query parameter 'x'")
+        expect("timeout twice", parameter, "timeout is given more than once")
         expect("no path", not_found, "GET /v1/openapi.json describes every path")
         expect("wrong method", problems.METHOD_NOT_ALLOWED, "PUT is not served at /v1/shapes")
         expect("odd name", not_found)

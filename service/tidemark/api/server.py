@@ -382,8 +382,29 @@ async def progress(request: web.Request) -> web.Response:
 _JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 
 
+WAIT_PARAMETERS = ("lsn", "timeout", "shape")
+
+
+def _only_parameters(request: web.Request, names: tuple[str, ...]) -> None:
+    """Refuse a query with a parameter ``names`` does not have, or one of them twice:
+    such a request breaks the description, and must not wait (it would have waited
+    for the first value, the rest unread)."""
+    unknown = sorted(set(request.query) - set(names))
+    if unknown:
+        raise Problem(
+            problems.INVALID_PARAMETER,
+            f"unknown query parameter {unknown[0]!r}: {request.path} takes " + ", ".join(names),
+        )
+    repeated = [n for n in names if len(request.query.getall(n, [])) > 1]
+    if repeated:
+        raise Problem(
+            problems.INVALID_PARAMETER, f"{repeated[0]} is given more than once: give it once"
+        )
+
+
 async def wait_progress(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
+    _only_parameters(request, WAIT_PARAMETERS)
     try:
         target = int(Lsn.parse(request.query["lsn"]))
     except KeyError:
