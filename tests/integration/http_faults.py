@@ -8,16 +8,17 @@ http://127.0.0.1:Q``) so that its work does not share the test's
 interpreter. Every request is passed on byte for byte (the signature covers the
 ``Host`` header, which is kept), except those a rule picks. Rules are set over the
 same port: ``POST /__faults`` with ``{"status": 503, "code": "SlowDown", "rate": 0.3,
-"methods": ["PUT"]}`` (``rate`` the share of matching requests refused; methods empty:
-all), ``DELETE /__faults`` clears it; ``GET /__faults`` gives the count of replies
-made up so far by status, and of requests passed on.
+"methods": ["PUT"]}`` (``rate`` the share of matching requests refused, counted, not
+drawn: at 0.3 every third or fourth, so a short phase of a test cannot pass by luck
+with none refused; methods empty: all), ``DELETE /__faults`` clears it; ``GET
+/__faults`` gives the count of replies made up so far by status, and of requests
+passed on.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import secrets
 from collections import Counter
 from typing import Any
@@ -48,6 +49,7 @@ class Faults:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.rule: dict[str, Any] | None = None
+        self.credit = 0.0  # (the rule's rate, added per matching request; 1 refuses one)
         self.made: Counter[str] = Counter()
         self.passed = 0
         self.session: ClientSession | None = None
@@ -59,11 +61,16 @@ class Faults:
         methods = rule.get("methods") or []
         if methods and method not in methods:
             return None
-        return rule if random.random() < float(rule.get("rate", 1.0)) else None
+        self.credit += float(rule.get("rate", 1.0))
+        if self.credit < 1.0 - 1e-9:
+            return None
+        self.credit -= 1.0
+        return rule
 
     async def control(self, request: web.Request) -> web.Response:
         if request.method == "POST":
             self.rule = await request.json()
+            self.credit = 0.0
         elif request.method == "DELETE":
             self.rule = None
         return web.json_response({"made": dict(self.made), "passed": self.passed})

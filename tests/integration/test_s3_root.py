@@ -477,7 +477,8 @@ async def test_throttling_and_revoked_credentials_hold_the_acknowledgement_and_h
         faults.refuse(503, "SlowDown", rate=0.1)
         await workload(pg_db, 1000)
         await wait_frontiers_after_errors(service, current_lsn(pg_db.dsn))
-        assert faults.counts()["made"].get("503", 0) > 0
+        counts = faults.counts()
+        assert counts["made"].get("503", 0) > 0, counts
 
         # (PUTs throttled: Spark's writes through S3A meet it first; then everything)
         for start, status, code, methods, words in (
