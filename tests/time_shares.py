@@ -49,8 +49,8 @@ def _install_sleep_counters() -> None:
         _note_sleep(delay)
         return await awaited(delay, result)
 
-    time.sleep = sleep
-    asyncio.sleep = asleep  # type: ignore[assignment]
+    time.sleep = sleep  # type: ignore[assignment]
+    asyncio.sleep = asleep
 
 
 @pytest.hookimpl(hookwrapper=True)
