@@ -2,11 +2,12 @@
 service's state (``observability.refresh_metrics``, as housekeeping does) and the text
 exposition ``GET /metrics`` serves, with every per-shape series a running service has.
 
-The service is a stand-in holding the state ``refresh_metrics`` reads (writers with
+The service's state is given as the values ``Service.facts`` takes (writers with
 buffered rows, frontiers, shape states, backfills), and each shape gets what commits and
 current-table refreshes add; no Postgres or Spark is needed to measure the metrics
-layer. Target at 1000 shapes: a scrape under 100 ms, at most 12 series a shape. The
-refresh runs on the event loop (housekeeping); the exposition in a worker thread.
+layer (taking the facts is not timed here). Target at 1000 shapes: a scrape under
+100 ms, at most 12 series a shape. The refresh runs on the event loop (housekeeping);
+the exposition in a worker thread.
 
 Run: ``python -m bench metrics`` (``TIDEMARK_BENCH_SHAPES`` picks the shape counts).
 """
@@ -15,54 +16,54 @@ from __future__ import annotations
 
 import os
 import time
-from types import SimpleNamespace
-from typing import Any
 
 from prometheus_client import generate_latest
 
+from tidemark.facts import (
+    BackfillFacts,
+    CollectorFacts,
+    FlushFacts,
+    Progress,
+    ServiceFacts,
+    WriterFacts,
+)
 from tidemark.observability import Metrics, refresh_metrics
 
 STATES = ("active", "active", "active", "active", "backfilling", "catching_up", "error")
 
 
-def stub_service(shapes: int, metrics: Metrics) -> Any:
-    """A stand-in for ``tidemark.app.Service`` as ``refresh_metrics`` reads it, with
-    ``shapes`` shapes in every state, and the per-shape series that commits and
-    current-table refreshes create."""
+def stub_facts(shapes: int, metrics: Metrics) -> ServiceFacts:
+    """What ``tidemark.app.Service.facts`` gives ``refresh_metrics``, for ``shapes``
+    shapes in every state; and the per-shape series that commits and current-table
+    refreshes create, added to ``metrics``."""
     names = [f"shape_{i:05d}" for i in range(shapes)]
-    stats = SimpleNamespace(
+    flush = FlushFacts(
+        buffered_bytes=0,
+        memory_budget=1 << 30,
+        flush_age_s=0.25,
+        waiting_s=None,
         backpressure_waits=0,
         blocked_seconds=0.0,
         stage_jobs=0,
+        spooled_bytes=0,
         rounds=0,
         round_shapes=0,
-        spooled_bytes=0,
         job_failures=0,
     )
     writers = {
-        n: SimpleNamespace(
-            buffer=SimpleNamespace(ready_rows=i % 7, open_rows=i % 3, nbytes=100 * i),
-            in_flight_bytes=0,
+        n: WriterFacts(
             committed_lsn=1000 + i,
+            rows_committed=0,
+            pending_rows=i % 7 + i % 3,
+            pending_bytes=100 * i,
         )
         for i, n in enumerate(names)
     }
-    scheduler = SimpleNamespace(
-        buffered_bytes=0,
-        policy=SimpleNamespace(memory_budget=1 << 30),
-        flush_age_s=0.25,
-        stats=stats,
-        writers=writers,
+    frontiers = {n: 10**9 - i for i, n in enumerate(names)}
+    progress = Progress(
+        received_lsn=10**9, flushed_lsn=10**9 - 5, applied_lsn=10**9 - 5, frontiers=frontiers
     )
-    progress = SimpleNamespace(
-        received_lsn=10**9,
-        flushed_lsn=10**9 - 5,
-        applied_lsn=10**9 - 5,
-        frontiers={n: 10**9 - i for i, n in enumerate(names)},
-    )
-    backfill = SimpleNamespace(chunks=3, rows_done=500, rows_estimated=1000)
-    status = {n: SimpleNamespace(backfill=backfill if i % 2 else None) for i, n in enumerate(names)}
-    state = {n: STATES[i % len(STATES)] for i, n in enumerate(names)}
+    backfill = BackfillFacts(chunks=3, rows_done=500, rows_estimated=1000)
     for n in names:  # what commits and the keeper add for each shape
         metrics.changes.labels(n).inc(10)
         metrics.commits.labels(n).inc()
@@ -72,24 +73,21 @@ def stub_service(shapes: int, metrics: Metrics) -> Any:
         metrics.current_lag_seconds.labels(n).set(1.5)
     for kind in ("insert", "update", "delete", "truncate", "snapshot"):
         metrics.changes_by_kind.labels(kind).inc()
-    return SimpleNamespace(
-        metrics=metrics,
-        progress=lambda: progress,
-        client=None,
-        scheduler=scheduler,
+    return ServiceFacts(
         phase="streaming",
-        shapes=status,
-        shape_state=lambda n: (state[n], None),
-        stalled_shapes=lambda: [SimpleNamespace(name=names[0])] if names else [],
-        acknowledgement_holder=lambda: (names[0], 4096) if names else None,
-        lag_seconds=lambda frontier: 0.5,
-        shapeset=SimpleNamespace(backfill_failures=0),
-        store=SimpleNamespace(invalidations_total=0),
-        collector=SimpleNamespace(
-            stats=SimpleNamespace(changes=0, streamed_commits=0, streamed_aborts=0),
-            open_streams=0,
-        ),
-        monitor=None,
+        progress=progress,
+        stream=None,
+        flush=flush,
+        writers=writers,
+        lag_s=dict.fromkeys(frontiers, 0.5),
+        states={n: STATES[i % len(STATES)] for i, n in enumerate(names)},
+        backfills={n: backfill for i, n in enumerate(names) if i % 2},
+        stalled=frozenset(names[:1]),
+        holder=(names[0], 4096) if names else None,
+        backfill_failures=0,
+        claim_invalidations=0,
+        collector=CollectorFacts(changes=0, open_streams=0, streamed_commits=0, streamed_aborts=0),
+        postgres=None,
     )
 
 
@@ -97,13 +95,13 @@ def scrape(shapes: int, per_shape: bool = True, rounds: int = 20) -> dict[str, f
     """Series, bytes, and the medians over ``rounds`` of the refresh (on the event loop,
     in housekeeping) and of the exposition (``GET /metrics``, in a worker thread)."""
     metrics = Metrics(per_shape=per_shape)
-    service = stub_service(shapes, metrics)
-    refresh_metrics(service)
+    facts = stub_facts(shapes, metrics)
+    refresh_metrics(metrics, facts)
     refreshes, expositions = [], []
     body = b""
     for _ in range(rounds):
         start = time.perf_counter()
-        refresh_metrics(service)
+        refresh_metrics(metrics, facts)
         middle = time.perf_counter()
         body = generate_latest(metrics.registry)
         refreshes.append(middle - start)

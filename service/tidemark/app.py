@@ -55,12 +55,22 @@ import structlog
 from tidemark import durable, fencing, objectstore, systemd
 from tidemark.aio import wait_event
 from tidemark.allocators import return_freed_memory, tune_collector
-from tidemark.api.port import Progress
 from tidemark.api.server import serve
 from tidemark.config import Settings, load_settings
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ReplicationError, TidemarkError
+from tidemark.facts import (
+    BackfillFacts,
+    CollectorFacts,
+    ContinuityFacts,
+    CurrentFacts,
+    FlushFacts,
+    Progress,
+    ServiceFacts,
+    StreamFacts,
+    WriterFacts,
+)
 from tidemark.flush import progress as rules
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lease import LeaderLease
@@ -73,7 +83,7 @@ from tidemark.replication.client import (
     SourceConfig,
     StreamStarted,
 )
-from tidemark.replication.monitor import ReplicationMonitor, Violation
+from tidemark.replication.monitor import ReplicationMonitor, ReplicationSample, Violation
 from tidemark.replication.observe import observe_stream
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapes.state import ShapeState
@@ -801,6 +811,120 @@ class Service:
             frontiers={name: f for name in self.shapes if (f := self.frontier(name)) is not None},
         )
 
+    # -- facts: what the API and the gauges read, as values (tidemark.facts) ----------
+
+    def registered(self, name: str) -> ShapeDefinition | None:
+        record = self.shapeset.registry.get(name)
+        return None if record is None else record.definition
+
+    def received_lsn(self) -> int | None:
+        client = self.client
+        return client.feedback.received if client is not None and client.feedback else None
+
+    def writer_facts(self, name: str) -> WriterFacts | None:
+        writer = self.scheduler.writers.get(name) if self.scheduler else None
+        if writer is None:
+            return None
+        buffer = writer.buffer
+        return WriterFacts(
+            committed_lsn=writer.committed_lsn,
+            rows_committed=writer.rows_committed,
+            pending_rows=buffer.ready_rows + buffer.open_rows,
+            pending_bytes=buffer.nbytes + writer.in_flight_bytes,
+        )
+
+    def flush_facts(self) -> FlushFacts | None:
+        scheduler = self.scheduler
+        if scheduler is None:
+            return None
+        stats, waiting = scheduler.stats, scheduler.waiting_since
+        return FlushFacts(
+            buffered_bytes=scheduler.buffered_bytes,
+            memory_budget=scheduler.policy.memory_budget,
+            flush_age_s=scheduler.flush_age_s,
+            waiting_s=None if waiting is None else max(0.0, time.monotonic() - waiting),
+            backpressure_waits=stats.backpressure_waits,
+            blocked_seconds=stats.blocked_seconds,
+            stage_jobs=stats.stage_jobs,
+            spooled_bytes=stats.spooled_bytes,
+            rounds=stats.rounds,
+            round_shapes=stats.round_shapes,
+            job_failures=stats.job_failures,
+        )
+
+    def collector_facts(self) -> CollectorFacts:
+        collector = self.collector
+        stats = collector.stats
+        return CollectorFacts(
+            changes=stats.changes,
+            open_streams=collector.open_streams,
+            streamed_commits=stats.streamed_commits,
+            streamed_aborts=stats.streamed_aborts,
+        )
+
+    def current_facts(self, name: str) -> CurrentFacts | None:
+        keeper = self.keeper
+        if keeper is None or not self.settings.current.enabled:
+            return None
+        state = keeper.shapes.get(name)
+        if state is None:
+            return CurrentFacts(folded_lsn=None, waited_s=None, rows_waiting=0)
+        return CurrentFacts(state.folded_lsn, state.unfolded_for(time.time()), state.rows_waiting)
+
+    def continuity_facts(self, name: str) -> ContinuityFacts:
+        store = self.store
+        return ContinuityFacts(store.claim(name), store.stream, store.last_invalidation(name))
+
+    def postgres_sample(self) -> ReplicationSample | None:
+        return self.monitor.state.last if self.monitor is not None else None
+
+    @property
+    def monitoring(self) -> bool:
+        return self.monitor is not None
+
+    async def wait_replayed(self, lsn: int, timeout: float) -> bool:
+        assert self.monitor is not None
+        return await self.monitor.wait_for_lsn(lsn, timeout) is not None
+
+    def describe_tables(self, name: str) -> dict[str, Any] | None:
+        from tidemark.read import describe_tables  # (pyarrow's dataset: when asked)
+
+        return describe_tables(self.settings.sink.root, name, self.tables)
+
+    def facts(self) -> ServiceFacts:
+        """Everything the gauges show, taken now (``observability.refresh_metrics``)."""
+        progress = self.progress()
+        client = self.client
+        stats = client.stats if client is not None else None
+        states: dict[str, str] = {}
+        backfills: dict[str, BackfillFacts] = {}
+        for name, status in self.shapes.items():
+            states[name] = self.shape_state(name)[0]
+            backfill = status.backfill
+            if backfill is not None:
+                backfills[name] = BackfillFacts(
+                    backfill.chunks, backfill.rows_done, backfill.rows_estimated
+                )
+        writers = self.scheduler.writers if self.scheduler is not None else {}
+        return ServiceFacts(
+            phase=self.phase,
+            progress=progress,
+            stream=None
+            if stats is None
+            else StreamFacts(stats.connected, stats.status_updates, stats.bytes_received),
+            flush=self.flush_facts(),
+            writers={n: w for n in writers if (w := self.writer_facts(n)) is not None},
+            lag_s={n: self.lag_seconds(f) for n, f in progress.frontiers.items()},
+            states=states,
+            backfills=backfills,
+            stalled=frozenset(s.name for s in self.stalled_shapes()),
+            holder=self.acknowledgement_holder(),
+            backfill_failures=self.shapeset.backfill_failures,
+            claim_invalidations=self.store.invalidations_total,
+            collector=self.collector_facts(),
+            postgres=self.postgres_sample(),
+        )
+
     def readiness(self) -> tuple[bool, list[str]]:
         """Ready: streaming, nothing violated, no shape stalled or failed (a shape being
         backfilled is normal operation, not a reason)."""
@@ -954,7 +1078,7 @@ class Service:
                     await asyncio.to_thread(self._write_frontiers)
                     last_frontiers = now
                 self.shapeset.promote()
-                refresh_metrics(self)
+                refresh_metrics(self.metrics, self.facts())
                 if self.phase == "streaming":
                     acked = format_lsn(self.progress().flushed_lsn)
                     systemd.notify(f"WATCHDOG=1\nSTATUS=acknowledged {acked}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from prometheus_client import (
@@ -36,6 +36,9 @@ from prometheus_client import (
 from tidemark import version as package_version
 from tidemark.conninfo import redact_dsn
 from tidemark.shapes.state import STATES, ShapeState
+
+if TYPE_CHECKING:
+    from tidemark.facts import ServiceFacts
 
 # one ``_created`` series per counter and label set doubles the counters' series for
 # nothing a dashboard or alert uses
@@ -433,59 +436,55 @@ class Metrics:
 _WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 
-def refresh_metrics(service: Any) -> None:
-    """Copy the service's current state into the gauges (called from housekeeping)."""
+def refresh_metrics(m: Metrics, facts: ServiceFacts) -> None:
+    """Copy the service's state, taken as values (``Service.facts``), into the gauges
+    (called from housekeeping)."""
     from tidemark.pgoutput.values import unknown_type_counts
 
-    m: Metrics = service.metrics
-    progress = service.progress()
+    progress = facts.progress
     m.received_lsn.set(progress.received_lsn)
     m.flushed_lsn.set(progress.flushed_lsn)
     m.applied_lsn.set(progress.applied_lsn)
-    client = service.client
-    if client is not None:
-        stats = client.stats
-        m.streaming.set(1 if stats.connected and service.phase == "streaming" else 0)
-        _set_counter(m.status_updates, stats.status_updates)
-        _set_counter(m.received_bytes, stats.bytes_received)
-    scheduler = service.scheduler
-    if scheduler is not None:
-        m.buffered_bytes.set(scheduler.buffered_bytes)
-        m.memory_budget.set(scheduler.policy.memory_budget)
-        m.flush_age.set(scheduler.flush_age_s)
-        _set_counter(m.backpressure_waits, scheduler.stats.backpressure_waits)
-        _set_counter(m.blocked_seconds, scheduler.stats.blocked_seconds)
-        _set_counter(m.stage_jobs, scheduler.stats.stage_jobs)
-        _set_counter(m.flush_rounds, scheduler.stats.rounds)
-        _set_counter(m.round_batches, scheduler.stats.round_shapes)
-        _set_counter(m.spooled_bytes, scheduler.stats.spooled_bytes)
-        _set_counter(m.flush_failures, scheduler.stats.job_failures)
-        if m.per_shape:
-            for name, writer in scheduler.writers.items():
-                buf = writer.buffer
-                m.shape_pending_rows.labels(name).set(buf.ready_rows + buf.open_rows)
-                m.shape_pending_bytes.labels(name).set(buf.nbytes + writer.in_flight_bytes)
+    stream = facts.stream
+    if stream is not None:
+        m.streaming.set(1 if stream.connected and facts.phase == "streaming" else 0)
+        _set_counter(m.status_updates, stream.status_updates)
+        _set_counter(m.received_bytes, stream.bytes_received)
+    flush = facts.flush
+    if flush is not None:
+        m.buffered_bytes.set(flush.buffered_bytes)
+        m.memory_budget.set(flush.memory_budget)
+        m.flush_age.set(flush.flush_age_s)
+        _set_counter(m.backpressure_waits, flush.backpressure_waits)
+        _set_counter(m.blocked_seconds, flush.blocked_seconds)
+        _set_counter(m.stage_jobs, flush.stage_jobs)
+        _set_counter(m.flush_rounds, flush.rounds)
+        _set_counter(m.round_batches, flush.round_shapes)
+        _set_counter(m.spooled_bytes, flush.spooled_bytes)
+        _set_counter(m.flush_failures, flush.job_failures)
     if m.per_shape:
+        for name, writer in facts.writers.items():
+            m.shape_pending_rows.labels(name).set(writer.pending_rows)
+            m.shape_pending_bytes.labels(name).set(writer.pending_bytes)
         for name, frontier in progress.frontiers.items():
             m.shape_lag_bytes.labels(name).set(max(0, progress.received_lsn - frontier))
-            m.shape_lag_seconds.labels(name).set(service.lag_seconds(frontier))
-    stalled = {s.name for s in service.stalled_shapes()}
+            m.shape_lag_seconds.labels(name).set(facts.lag_s.get(name, 0.0))
+    stalled = facts.stalled
     m.shapes_stalled.set(len(stalled))
-    holder = service.acknowledgement_holder()
+    holder = facts.holder
     m.acknowledgement_held.clear()
     if holder is not None:
         m.acknowledgement_held.labels(holder[0]).set(holder[1])
     states: dict[str, int] = dict.fromkeys(map(str, STATES), 0)
     running = waiting = done = estimated = 0
-    for name, status in service.shapes.items():
-        state, _ = service.shape_state(name)
+    for name, state in facts.states.items():
         states[state] = states.get(state, 0) + 1
         if m.per_shape:
             m.shape_stalled.labels(name).set(1 if name in stalled else 0)
             m.shape_failing.labels(name).set(1 if state == ShapeState.ERROR else 0)
         if state != ShapeState.BACKFILLING:
             continue
-        backfill = status.backfill
+        backfill = facts.backfills.get(name)
         if backfill is None or (backfill.chunks == 0 and backfill.rows_done == 0):
             waiting += 1
         else:
@@ -496,18 +495,17 @@ def refresh_metrics(service: Any) -> None:
     m.backfills_waiting.set(waiting)
     m.backfill_rows_done.set(done)
     m.backfill_rows_estimated.set(estimated)
-    _set_counter(m.backfill_failures, service.shapeset.backfill_failures)
-    _set_counter(m.claim_invalidations, service.store.invalidations_total)
+    _set_counter(m.backfill_failures, facts.backfill_failures)
+    _set_counter(m.claim_invalidations, facts.claim_invalidations)
     for state, count in states.items():
         m.shapes.labels(state).set(count)
-    collector = service.collector
-    _set_counter(m.source_changes, collector.stats.changes)
+    collector = facts.collector
+    _set_counter(m.source_changes, collector.changes)
     m.open_streamed.set(collector.open_streams)
-    _set_counter(m.streamed_transactions.labels("committed"), collector.stats.streamed_commits)
-    _set_counter(m.streamed_transactions.labels("aborted"), collector.stats.streamed_aborts)
+    _set_counter(m.streamed_transactions.labels("committed"), collector.streamed_commits)
+    _set_counter(m.streamed_transactions.labels("aborted"), collector.streamed_aborts)
     m.unknown_type_values.set(sum(unknown_type_counts().values()))
-    monitor = service.monitor
-    sample = monitor.state.last if monitor is not None else None
+    sample = facts.postgres
     if sample is not None:
         m.pg_current_wal_lsn.set(sample.current_wal_lsn)
         if sample.replay_lsn is not None:

@@ -96,7 +96,7 @@ async def test_a_refused_value_holds_the_acknowledgement_but_no_other_shape(
         assert held and "money" in held[0] and "resync" in held[0], reasons
         from tidemark.observability import refresh_metrics
 
-        refresh_metrics(service)
+        refresh_metrics(service.metrics, service.facts())
         from prometheus_client import generate_latest
 
         scrape = generate_latest(service.metrics.registry).decode().splitlines()

@@ -128,10 +128,10 @@ async def api(tmp_path: Path) -> AsyncIterator[tuple[aiohttp.ClientSession, str]
     service = SimpleNamespace(
         settings=settings,
         shapes={},
-        registry=SimpleNamespace(get=lambda name: None),
+        registered=lambda name: None,
         shape_state=lambda name: ("active", None),
         stalled_shapes=lambda: [],
-        monitor=None,
+        monitoring=False,
     )
     server = TestServer(build_app(service))  # type: ignore[arg-type]
     await server.start_server()

@@ -5,7 +5,7 @@ bench metrics``, not here.)"""
 
 from __future__ import annotations
 
-from bench.metrics_bench import stub_service
+from bench.metrics_bench import stub_facts
 from prometheus_client import generate_latest
 
 from tidemark.observability import Metrics, refresh_metrics
@@ -20,7 +20,7 @@ def _samples(metrics: Metrics) -> list[str]:
 
 def test_a_thousand_shapes_cost_at_most_twelve_series_each_and_no_created_series() -> None:
     metrics = Metrics()
-    refresh_metrics(stub_service(SHAPES, metrics))
+    refresh_metrics(metrics, stub_facts(SHAPES, metrics))
     samples = _samples(metrics)
     by_shape = [s for s in samples if 'shape="' in s]
     assert len(by_shape) / SHAPES <= 12
@@ -37,7 +37,7 @@ def test_a_thousand_shapes_cost_at_most_twelve_series_each_and_no_created_series
 
 def test_per_shape_off_leaves_the_totals_only() -> None:
     metrics = Metrics(per_shape=False)
-    refresh_metrics(stub_service(SHAPES, metrics))
+    refresh_metrics(metrics, stub_facts(SHAPES, metrics))
     samples = _samples(metrics)
     assert not [s for s in samples if 'shape="' in s]
     names = {s.split("{")[0].split(" ")[0] for s in samples}
@@ -54,7 +54,7 @@ def test_per_shape_off_leaves_the_totals_only() -> None:
 
 def test_backfills_build_info_and_the_process_are_exported() -> None:
     metrics = Metrics(version="9.9.9")
-    refresh_metrics(stub_service(14, metrics))
+    refresh_metrics(metrics, stub_facts(14, metrics))
     values = {s.rsplit(" ", 1)[0]: float(s.rsplit(" ", 1)[1]) for s in _samples(metrics)}
     # 14 shapes: states cycle through 7, two of them backfilling, one with progress
     assert values["tidemark_backfills_running"] == 1

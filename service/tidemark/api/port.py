@@ -1,39 +1,32 @@
 """What the HTTP API needs of the running service: the facts it reads and the three
 mutations it calls, as a protocol. ``tidemark.app.Service`` provides it and hands
 itself to ``serve``; the API never imports the service, so the wiring runs one way
-(``app`` -> ``api``).
+(``app`` -> ``api``). The facts are values (``tidemark.facts``), never the engine's
+objects: the API cannot reach into the client, the writers or the store.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from tidemark.facts import (
+    CollectorFacts,
+    ContinuityFacts,
+    CurrentFacts,
+    FlushFacts,
+    Progress,
+    WriterFacts,
+)
 
 if TYPE_CHECKING:
     from tidemark.config import Settings
-    from tidemark.continuity.store import ContinuityStore
     from tidemark.observability import Metrics
-    from tidemark.replication.client import ReplicationClient
-    from tidemark.replication.monitor import ReplicationMonitor, Violation
+    from tidemark.replication.monitor import ReplicationSample, Violation
     from tidemark.shapes.model import ShapeDefinition
     from tidemark.shapeset import ShapeStatus
-    from tidemark.sink.port import TableFormat
     from tidemark.stalls import Stall
-    from tidemark.stream.collector import ShapeLogCollector
-    from tidemark.upkeep import CurrentKeeper
-    from tidemark.writers.scheduler import FlushScheduler
 
-
-@dataclass
-class Progress:
-    """How far the stream is: received, acknowledged (flushed and applied), durable in
-    every shape, and each ready shape's frontier."""
-
-    received_lsn: int = 0
-    flushed_lsn: int = 0
-    applied_lsn: int = 0
-    durable_lsn: int | None = None
-    frontiers: dict[str, int] = field(default_factory=dict)
+__all__ = ["Progress", "ServiceView"]
 
 
 class ServiceView(Protocol):
@@ -46,20 +39,51 @@ class ServiceView(Protocol):
     started_at: float  # wall time
     http_port: int | None  # set by ``serve`` once it listens
     violations: list[Violation]
-    store: ContinuityStore
-    collector: ShapeLogCollector
-    scheduler: FlushScheduler | None
-    keeper: CurrentKeeper | None
-    client: ReplicationClient | None
-    monitor: ReplicationMonitor | None
     last_commit_at: dict[str, float]  # shape -> wall time of its last commit
-    tables: TableFormat  # the sink root's table format
 
     @property
     def shapes(self) -> dict[str, ShapeStatus]: ...
 
+    def registered(self, name: str) -> ShapeDefinition | None:
+        """The shape's definition in the registry (also while it is being removed)."""
+        ...
+
+    def received_lsn(self) -> int | None:
+        """The last WAL position received (None before the stream is connected)."""
+        ...
+
+    def writer_facts(self, name: str) -> WriterFacts | None: ...
+
+    def flush_facts(self) -> FlushFacts | None:
+        """The writers together (None before they exist)."""
+        ...
+
+    def collector_facts(self) -> CollectorFacts: ...
+
+    def current_facts(self, name: str) -> CurrentFacts | None:
+        """The shape's current-state table (None when current tables are off)."""
+        ...
+
+    def continuity_facts(self, name: str) -> ContinuityFacts: ...
+
+    def postgres_sample(self) -> ReplicationSample | None:
+        """The monitor's last look at Postgres (None before the first)."""
+        ...
+
     @property
-    def registry(self) -> Any: ...
+    def monitoring(self) -> bool:
+        """Whether the monitor runs (not yet while the service starts)."""
+        ...
+
+    async def wait_replayed(self, lsn: int, timeout: float) -> bool:
+        """Whether Postgres's replay reaches ``lsn`` within ``timeout`` seconds (the
+        monitor's wait; only once ``monitoring``)."""
+        ...
+
+    def describe_tables(self, name: str) -> dict[str, Any] | None:
+        """Where the shape's tables are, read from the tables (None before its first
+        commit)."""
+        ...
 
     def shape_state(self, name: str) -> tuple[str, str | None]: ...
 

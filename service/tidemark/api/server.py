@@ -232,10 +232,9 @@ def _tables_of(service: ServiceView, name: str) -> dict[str, Any] | None:
     """Where the shape's tables are (None before its first commit); read from the
     tables themselves, so only for one shape at a time."""
     from tidemark.errors import SinkError
-    from tidemark.read import describe_tables
 
     try:
-        return describe_tables(service.settings.sink.root, name, service.tables)
+        return service.describe_tables(name)
     except SinkError:
         return None
 
@@ -267,8 +266,8 @@ async def add_shape(request: web.Request) -> web.Response:
     except (ShapeError, ValidationError) as exc:
         raise Problem(problems.INVALID_SHAPE, str(exc)) from None
     async with request.app[MUTATIONS]:
-        existing = service.registry.get(definition.name)
-        if existing is not None and existing.definition != definition:
+        existing = service.registered(definition.name)
+        if existing is not None and existing != definition:
             raise Problem(
                 problems.SHAPE_CONFLICT,
                 f"shape {definition.name!r} already exists with another definition: DELETE "
@@ -312,7 +311,7 @@ async def remove_shape(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     name = request.match_info["name"]
     async with request.app[MUTATIONS]:
-        if name not in service.shapes and service.registry.get(name) is None:
+        if name not in service.shapes and service.registered(name) is None:
             raise _no_shape(name)
         await service.remove_shape(name)
         return web.Response(status=204)
@@ -320,7 +319,7 @@ async def remove_shape(request: web.Request) -> web.Response:
 
 def progress_json(service: ServiceView) -> dict[str, Any]:
     p = service.progress()
-    sample = service.monitor.state.last if service.monitor else None
+    sample = service.postgres_sample()
     pg = None
     if sample is not None:
         pg = {
@@ -354,21 +353,20 @@ def progress_json(service: ServiceView) -> dict[str, Any]:
 
 def memory_json(service: ServiceView) -> dict[str, Any] | None:
     """Buffered bytes against the budget, what left memory early, streamed transactions."""
-    scheduler = service.scheduler
-    if scheduler is None:
+    flush = service.flush_facts()
+    if flush is None:
         return None
-    stats = scheduler.stats
-    waiting = scheduler.waiting_since
+    collector = service.collector_facts()
     return {
-        "buffered_bytes": scheduler.buffered_bytes,
-        "budget_bytes": scheduler.policy.memory_budget,
-        "stage_jobs": stats.stage_jobs,
-        "spooled_bytes": stats.spooled_bytes,
-        "blocked_s": round(stats.blocked_seconds, 3),
-        "waiting_s": None if waiting is None else round(time.monotonic() - waiting, 3),
-        "open_streamed_transactions": service.collector.open_streams,
-        "streamed_commits": service.collector.stats.streamed_commits,
-        "streamed_aborts": service.collector.stats.streamed_aborts,
+        "buffered_bytes": flush.buffered_bytes,
+        "budget_bytes": flush.memory_budget,
+        "stage_jobs": flush.stage_jobs,
+        "spooled_bytes": flush.spooled_bytes,
+        "blocked_s": round(flush.blocked_seconds, 3),
+        "waiting_s": None if flush.waiting_s is None else round(flush.waiting_s, 3),
+        "open_streamed_transactions": collector.open_streams,
+        "streamed_commits": collector.streamed_commits,
+        "streamed_aborts": collector.streamed_aborts,
     }
 
 
@@ -425,15 +423,14 @@ async def wait_progress(request: web.Request) -> web.Response:
     if shape is not None and shape not in service.shapes:
         raise _no_shape(shape)
     deadline = asyncio.get_running_loop().time() + timeout
-    monitor = service.monitor
-    if monitor is None:
+    if not service.monitoring:
         raise Problem(
             problems.STARTING, "the service is still starting: wait again in a few seconds"
         )
     if shape is None:
-        reached = await monitor.wait_for_lsn(target, timeout) is not None
+        reached = await service.wait_replayed(target, timeout)
     else:
-        reached = await _shape_reached(service, monitor, shape, target, deadline)
+        reached = await _shape_reached(service, shape, target, deadline)
     body = progress_json(service)
     body["target"] = lsn_json(target)
     body["reached"] = reached
@@ -448,19 +445,19 @@ async def wait_progress(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
-async def _shape_reached(
-    service: ServiceView, monitor: Any, shape: str, target: int, deadline: float
-) -> bool:
+async def _shape_reached(service: ServiceView, shape: str, target: int, deadline: float) -> bool:
     """Whether ``shape``'s frontier reaches ``target`` by ``deadline``, and Postgres's
     replay too, unless another shape in error holds the acknowledgement back: then the
     frontier alone answers (the shape's table holds every transaction up to it)."""
     loop = asyncio.get_running_loop()
-    replayed = asyncio.ensure_future(monitor.wait_for_lsn(target, max(0.0, deadline - loop.time())))
+    replayed = asyncio.ensure_future(
+        service.wait_replayed(target, max(0.0, deadline - loop.time()))
+    )
     try:
         while True:
             frontier = service.frontier(shape)
             if frontier is not None and frontier >= target:
-                if replayed.done() and replayed.result() is not None:
+                if replayed.done() and replayed.result():
                     return True
                 holder = service.acknowledgement_holder()
                 if holder is not None and holder[0] != shape:

@@ -28,6 +28,7 @@ from tidemark.shapes.state import STATES, ShapeState
 
 if TYPE_CHECKING:
     from tidemark.api.port import ServiceView
+    from tidemark.facts import ContinuityFacts, CurrentFacts
     from tidemark.stalls import Stall
 
 
@@ -97,15 +98,15 @@ def shape_json(
     request when listing every shape)."""
     now, mono = time.time(), time.monotonic()
     status = service.shapes[name]
-    writer = service.scheduler.writers.get(name) if service.scheduler else None
+    writer = service.writer_facts(name)
     if stalls is None:
         stalls = {s.name: s for s in service.stalled_shapes()}
     stall = stalls.get(name)
     d = status.definition
     frontier = service.frontier(name)
-    feedback = service.client.feedback if service.client else None
-    received = feedback.received if feedback else None
-    record = service.store.claim(name)
+    received = service.received_lsn()
+    continuity = service.continuity_facts(name)
+    record = continuity.claim
     commits = [t for t in (service.last_commit_at.get(name), record and record.since) if t]
     last_commit = max(commits) if commits else None
     state, error = service.shape_state(name)
@@ -139,41 +140,35 @@ def shape_json(
         "committed": lsn_json(writer.committed_lsn if writer else None),
         "rows_backfilled": record.rows if record else None,
         "rows_committed": writer.rows_committed if writer else 0,
-        "pending_rows": (writer.buffer.ready_rows + writer.buffer.open_rows) if writer else 0,
+        "pending_rows": writer.pending_rows if writer else 0,
         "last_commit": None
         if last_commit is None
         else time_json(last_commit, age_s=round(max(0.0, now - last_commit), 1)),
         "columns_as_text": [{"column": c, "type": t} for c, t in status.as_text],
         "backfill": backfill,
-        "continuity": continuity_json(service, name),
-        "current": current_json(service, name, frontier),
+        "continuity": continuity_json(continuity),
+        "current": current_json(service.current_facts(name), frontier),
     }
 
 
-def current_json(service: ServiceView, name: str, frontier: int | None) -> dict[str, Any] | None:
+def current_json(current: CurrentFacts | None, frontier: int | None) -> dict[str, Any] | None:
     """The shape's current-state table: the LSN it is folded through, how far that is
     behind the frontier, and how long the oldest unfolded change has waited."""
-    keeper = service.keeper
-    if keeper is None or not service.settings.current.enabled:
+    if current is None:
         return None
-    state = keeper.shapes.get(name)
-    folded = None if state is None else state.folded_lsn
-    waited = None if state is None else state.unfolded_for(time.time())
+    folded = current.folded_lsn
     return {
         "folded": lsn_json(folded),
         "lag_bytes": None if folded is None or frontier is None else max(0, frontier - folded),
-        "lag_s": None if waited is None else round(waited, 1),
-        "rows_waiting": 0 if state is None else state.rows_waiting,
+        "lag_s": None if current.waited_s is None else round(current.waited_s, 1),
+        "rows_waiting": current.rows_waiting,
     }
 
 
-def continuity_json(service: ServiceView, name: str) -> dict[str, Any]:
+def continuity_json(facts: ContinuityFacts) -> dict[str, Any]:
     """Since when, and from which stream position, the shape's table is continuous;
     the stream it follows; and the last time its claim ended, and why."""
-    store = service.store
-    claim = store.claim(name)
-    stream = store.stream
-    last = store.last_invalidation(name)
+    claim, stream, last = facts.claim, facts.stream, facts.last_invalidation
     return {
         "since": None if claim is None else iso_time(claim.since),
         "since_epoch": None if claim is None else epoch(claim.since),
