@@ -19,7 +19,7 @@ import time
 
 from prometheus_client import generate_latest
 
-from tidemark.facts import (
+from tidemark.status.facts import (
     BackfillFacts,
     CollectorFacts,
     FlushFacts,

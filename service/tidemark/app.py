@@ -60,17 +60,6 @@ from tidemark.config import Settings, load_settings
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ReplicationError, TidemarkError
-from tidemark.facts import (
-    BackfillFacts,
-    CollectorFacts,
-    ContinuityFacts,
-    CurrentFacts,
-    FlushFacts,
-    Progress,
-    ServiceFacts,
-    StreamFacts,
-    WriterFacts,
-)
 from tidemark.flush import progress as rules
 from tidemark.flush.tracker import FlushTracker
 from tidemark.lease import LeaderLease
@@ -99,6 +88,23 @@ from tidemark.spark import (
     with_s3a,
 )
 from tidemark.stalls import Stall, StallWatch
+from tidemark.status.facts import (
+    BackfillFacts,
+    CollectorFacts,
+    ContinuityFacts,
+    CurrentFacts,
+    FlushFacts,
+    Progress,
+    ServiceFacts,
+    StreamFacts,
+    WriterFacts,
+)
+from tidemark.status.readiness import (
+    FlushFailing,
+    ServiceHealth,
+    not_ready_reasons,
+    shown_state,
+)
 from tidemark.stream.consumer import StreamConsumer
 from tidemark.upkeep import CurrentKeeper
 from tidemark.writers.job import CommitResult, needs_warm_up, warm_up
@@ -767,25 +773,21 @@ class Service:
 
     def shape_state(self, name: str) -> tuple[str, str | None]:
         """The state and error a user sees: the shape's own, or ``error`` while its
-        flushes fail (retried)."""
+        flushes fail (``status.readiness.shown_state``)."""
         status = self.shapes[name]
         writer = self.scheduler.writers.get(name) if self.scheduler else None
-        if writer is not None and writer.failure is not None and status.state != ShapeState.ERROR:
-            failure = writer.failure
-            if failure.refused:
-                return ShapeState.ERROR, (
-                    f"{failure.error}. Not retried: the same rows would be refused again. "
-                    "Until the shape is resynced, changed or removed, the slot's "
-                    "acknowledgement waits for it (the other shapes go on). Fix the value "
-                    f"in Postgres and resync (tidemark shapes resync {name}), or remove the "
-                    f"shape (tidemark shapes remove {name})"
-                )
-            wait = max(0.0, failure.retry_at - time.monotonic())
-            return ShapeState.ERROR, (
-                f"flush failed (attempt {failure.attempts}, retrying in {wait:.0f}s): "
-                f"{failure.error}"
+        failure = writer.failure if writer is not None else None
+        failing = (
+            None
+            if failure is None
+            else FlushFailing(
+                failure.error,
+                failure.attempts,
+                failure.retry_at - time.monotonic(),
+                failure.refused,
             )
-        return status.state, status.error
+        )
+        return shown_state(name, status.state, status.error, failing)
 
     def frontier(self, shape: str) -> int | None:
         """LSN up to which ``shape`` is complete (commit LSN <= frontier are in its
@@ -811,7 +813,7 @@ class Service:
             frontiers={name: f for name in self.shapes if (f := self.frontier(name)) is not None},
         )
 
-    # -- facts: what the API and the gauges read, as values (tidemark.facts) ----------
+    # -- facts: what the API and the gauges read, as values (tidemark.status.facts) ----------
 
     def registered(self, name: str) -> ShapeDefinition | None:
         record = self.shapeset.registry.get(name)
@@ -926,42 +928,35 @@ class Service:
         )
 
     def readiness(self) -> tuple[bool, list[str]]:
-        """Ready: streaming, nothing violated, no shape stalled or failed (a shape being
-        backfilled is normal operation, not a reason)."""
-        reasons = []
-        if self.role == "standby":
-            holder = self.lease.holder if self.lease is not None else None
-            by = f" (held by {holder.describe()})" if holder else ""
-            reasons.append(f"standby: another instance holds the leader lease{by}")
-        elif self.phase != "streaming":
-            reasons.append(f"not streaming (phase: {self.phase})")
-        if self.client is not None and not self.client.stats.connected:
-            reasons.append("replication connection is down")
-        if self.violations:
-            last = self.violations[-1]
-            reasons.append(f"invariant violated: {last.kind}: {last.message}")
+        """Ready, and if not, why (``status.readiness.not_ready_reasons``)."""
+        holder = self.lease.holder if self.role == "standby" and self.lease is not None else None
+        last = self.violations[-1] if self.violations else None
         grace = self.settings.monitor.stall_grace_s
-        waiting = self.scheduler.waiting_since if self.scheduler is not None else None
-        if waiting is not None and time.monotonic() - waiting > grace:
-            assert self.scheduler is not None
-            reasons.append(
-                f"the stream has waited {time.monotonic() - waiting:.0f}s for memory: "
-                f"{self.scheduler.memory_report()}"
-            )
-        for stalled in self.stalled_shapes():
-            reasons.append(f"shape {stalled.name} has held the flush boundary for over {grace}s")
-        held_by = self.acknowledgement_holder()
-        if held_by is not None:
-            shape, retained = held_by
-            reasons.append(
-                f"the slot's acknowledgement is held by shape {shape} ({retained:,} bytes of "
-                f"WAL received past its frontier and retained for it): fix its error, then "
-                f"tidemark shapes resync {shape}, or tidemark shapes remove {shape}"
-            )
+        scheduler = self.scheduler
+        waiting = scheduler.waiting_since if scheduler is not None else None
+        waited = None if waiting is None else time.monotonic() - waiting
+        errors = {}
         for name in self.shapes:
             state, error = self.shape_state(name)
             if state == ShapeState.ERROR:
-                reasons.append(f"shape {name} is in error: {error}")
+                errors[name] = error
+        reasons = not_ready_reasons(
+            ServiceHealth(
+                role=self.role,
+                lease_holder=holder.describe() if holder else None,
+                phase=self.phase,
+                connected=None if self.client is None else self.client.stats.connected,
+                last_violation=None if last is None else (last.kind, last.message),
+                stall_grace_s=grace,
+                memory_wait_s=waited,
+                memory_report=scheduler.memory_report()
+                if scheduler is not None and waited is not None and waited > grace
+                else "",
+                stalled=[s.name for s in self.stalled_shapes()],
+                holder=self.acknowledgement_holder(),
+                errors=errors,
+            )
+        )
         return not reasons, reasons
 
     def acknowledgement_holder(self) -> tuple[str, int] | None:

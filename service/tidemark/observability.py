@@ -38,7 +38,7 @@ from tidemark.conninfo import redact_dsn
 from tidemark.shapes.state import STATES, ShapeState
 
 if TYPE_CHECKING:
-    from tidemark.facts import ServiceFacts
+    from tidemark.status.facts import ServiceFacts
 
 # one ``_created`` series per counter and label set doubles the counters' series for
 # nothing a dashboard or alert uses

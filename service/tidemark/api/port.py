@@ -1,7 +1,7 @@
 """What the HTTP API needs of the running service: the facts it reads and the three
 mutations it calls, as a protocol. ``tidemark.app.Service`` provides it and hands
 itself to ``serve``; the API never imports the service, so the wiring runs one way
-(``app`` -> ``api``). The facts are values (``tidemark.facts``), never the engine's
+(``app`` -> ``api``). The facts are values (``tidemark.status.facts``), never the engine's
 objects: the API cannot reach into the client, the writers or the store.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tidemark.facts import (
+from tidemark.status.facts import (
     CollectorFacts,
     ContinuityFacts,
     CurrentFacts,

@@ -28,8 +28,8 @@ from tidemark.shapes.state import STATES, ShapeState
 
 if TYPE_CHECKING:
     from tidemark.api.port import ServiceView
-    from tidemark.facts import ContinuityFacts, CurrentFacts
     from tidemark.stalls import Stall
+    from tidemark.status.facts import ContinuityFacts, CurrentFacts
 
 
 # what ``state`` can be (``ShapeStatus.state``, or ``error`` while flushes fail)
