@@ -99,6 +99,7 @@ from tidemark.status.facts import (
     StreamFacts,
     WriterFacts,
 )
+from tidemark.status.history import History, HistoryFacts
 from tidemark.status.readiness import (
     FlushFailing,
     ServiceHealth,
@@ -211,6 +212,7 @@ class Service:
         self._reload_lock = asyncio.Lock()
         self._reloads: set[asyncio.Task[Any]] = set()
         self.last_commit_at: dict[str, float] = {}  # shape -> wall time of its last commit
+        self.history = History()  # the status page's sparklines
 
     # -- shapes (see tidemark.shapeset) ---------------------------------------------
 
@@ -265,7 +267,9 @@ class Service:
             self.client.note_durable(lsn)
             self.consumer.maybe_idle(self.client)
         self.shapeset.promote()
-        self.consumer.acknowledged(lsn)
+        lag = self.consumer.acknowledged(lsn)
+        if lag is not None:
+            self.history.ack_lag(lag)
 
     # -- the consumer (tidemark.stream.consumer) ------------------------------------------------
 
@@ -877,6 +881,9 @@ class Service:
         store = self.store
         return ContinuityFacts(store.claim(name), store.stream, store.last_invalidation(name))
 
+    def history_facts(self) -> HistoryFacts:
+        return self.history.facts()
+
     def postgres_sample(self) -> ReplicationSample | None:
         return self.monitor.state.last if self.monitor is not None else None
 
@@ -1074,6 +1081,8 @@ class Service:
                     last_frontiers = now
                 self.shapeset.promote()
                 refresh_metrics(self.metrics, self.facts())
+                rows = self.scheduler.stats.rows_committed if self.scheduler is not None else 0
+                self.history.tick(time.time(), rows)
                 if self.phase == "streaming":
                     acked = format_lsn(self.progress().flushed_lsn)
                     systemd.notify(f"WATCHDOG=1\nSTATUS=acknowledged {acked}")

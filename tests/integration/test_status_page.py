@@ -37,6 +37,7 @@ from aiohttp.test_utils import TestServer
 
 from tidemark.api.server import build_app
 from tidemark.lsn import Lsn
+from tidemark.status.history import History
 
 from .conftest import PgDatabase, one_server
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
@@ -229,6 +230,19 @@ PROGRESS = {
     "frontiers": {},
     "violations": [],
     "memory": None,
+    # 90 ten-second intervals: no transaction acknowledged in every seventh
+    "history": {
+        "interval_s": 10.0,
+        "points": [
+            {
+                "at": "2026-01-02T03:04:05.000Z",
+                "epoch": 1767323045.0,
+                "ack_lag_s": None if i % 7 == 0 else 0.5 + (i % 10) / 10,
+                "rows_per_s": 1000.0 * (i % 5),
+            }
+            for i in range(90)
+        ],
+    },
 }
 
 
@@ -288,6 +302,13 @@ async def test_a_thousand_shapes_sort_by_lag_filter_and_survive_failed_fetches()
         assert reasons[0] == "shape s0042 is in error: the sink refused the commit"
         assert len(reasons) == 13 and reasons[-1].startswith("… and 9 more")
         assert await page.inner_text("#pg-current") == "not sampled yet"
+        # the last 15 minutes: one line each, a point for each interval with a value
+        ack = page.locator("#spark-ack polyline")
+        assert await page.get_attribute("#spark-ack", "data-points") == str(90 - 13)
+        assert len((await ack.get_attribute("points") or "").split()) == 90 - 13
+        assert await page.get_attribute("#spark-rows", "data-points") == "90"
+        assert await page.inner_text("#ack-now") == "now 1.4 s, peak 1.4 s (90 intervals)"
+        assert await page.inner_text("#rows-now") == "now 4,000/s, peak 4,000/s (90 intervals)"
         assert "1000 shapes, 12 not ready" in await page.inner_text("#counts")
 
         # a filter narrows the table as it is typed; a clicked header sorts by its column
@@ -359,6 +380,7 @@ async def test_the_page_follows_a_running_service(
         async with running_service(settings, spark) as service:
             await wait_frontiers(service, current_lsn(pg_db.dsn))
             url = f"http://127.0.0.1:{service.http_port}/"
+            service.history = History(interval_s=1.0)  # (1 s intervals, not 10 s)
 
             # when the page is opened
             watched = await Watched.open(browser)
@@ -399,6 +421,18 @@ async def test_the_page_follows_a_running_service(
             shown_at = await watched.cell("orders_eu", "last_commit")
             assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown_at), shown_at
             print(f"status page: new frontier shown {took:.1f}s after the service had it")
+
+            # and the last minutes drawn: the rows committed, their acknowledgement lag
+            async def drawn() -> bool:
+                rows = await page.inner_text("#rows-now")
+                peak = re.search(r"peak ([\d,]+)/s", rows)
+                acked = await page.get_attribute("#spark-ack", "data-points")
+                return bool(peak and int(peak[1].replace(",", "")) > 0 and int(acked or 0) > 0)
+
+            await watched.until("the sparklines", drawn, timeout=10.0)
+            assert re.fullmatch(
+                r"now [\d.]+ s, peak [\d.]+ s \(\d+ intervals\)", await page.inner_text("#ack-now")
+            )
             assert not watched.problems, watched.problems
 
         # when the service is gone, the page says so and keeps what it showed

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tidemark.shapes.model import ShapeDefinition
     from tidemark.shapeset import ShapeStatus
     from tidemark.stalls import Stall
+    from tidemark.status.history import HistoryFacts
 
 __all__ = ["Progress", "ServiceView"]
 
@@ -65,6 +66,10 @@ class ServiceView(Protocol):
         ...
 
     def continuity_facts(self, name: str) -> ContinuityFacts: ...
+
+    def history_facts(self) -> HistoryFacts:
+        """The last minutes: acknowledgement lag and rows a second, by interval."""
+        ...
 
     def postgres_sample(self) -> ReplicationSample | None:
         """The monitor's last look at Postgres (None before the first)."""

@@ -261,6 +261,28 @@ _POSTGRES = obj(
     "Postgres's view of the slot, as the monitor last sampled it",
 )
 
+_HISTORY = obj(
+    {
+        "interval_s": {"type": "number", "exclusiveMinimum": 0},
+        "points": {
+            "type": "array",
+            "description": "the closed intervals of the last 15 minutes, oldest first",
+            "items": obj(
+                {
+                    "at": ISO_TIME,
+                    "epoch": EPOCH,
+                    "ack_lag_s": nullable(SECONDS),
+                    "rows_per_s": SECONDS,
+                },
+                "one interval, ending at `at`: the longest acknowledgement lag of a "
+                "transaction acknowledged in it (null: none was) and the rows committed "
+                "to the shape tables a second",
+            ),
+        },
+    },
+    "the last minutes, interval by interval (the status page's sparklines)",
+)
+
 _MEMORY = obj(
     {
         "buffered_bytes": BYTES,
@@ -352,7 +374,11 @@ SCHEMAS: dict[str, Schema] = {
         },
         "whether the service is ready, and if not, why",
     ),
-    "Progress": obj(_PROGRESS_PROPERTIES, "how far the stream is, and Postgres's view"),
+    "Progress": obj(
+        {**_PROGRESS_PROPERTIES, "history": ref("History")},
+        "how far the stream is, Postgres's view, and the last minutes",
+    ),
+    "History": _HISTORY,
     "PostgresSample": _POSTGRES,
     "Memory": _MEMORY,
     "WaitResult": obj(_WAIT_PROPERTIES, "progress once the wait ended; reached: true"),

@@ -71,6 +71,7 @@ from tidemark.shapes.model import ShapeDefinition
 
 if TYPE_CHECKING:
     from tidemark.api.port import ServiceView
+    from tidemark.status.history import HistoryFacts
 
 log = structlog.get_logger("tidemark.api")
 SERVICE: web.AppKey[ServiceView] = web.AppKey("service")
@@ -371,7 +372,26 @@ def memory_json(service: ServiceView) -> dict[str, Any] | None:
 
 
 async def progress(request: web.Request) -> web.Response:
-    return web.json_response(progress_json(request.app[SERVICE]))
+    service = request.app[SERVICE]
+    body = progress_json(service)
+    body["history"] = history_json(service.history_facts())
+    return web.json_response(body)
+
+
+def history_json(history: HistoryFacts) -> dict[str, Any]:
+    """The last minutes, interval by interval (``tidemark.status.history``)."""
+    return {
+        "interval_s": history.interval_s,
+        "points": [
+            {
+                "at": iso_time(p.at),
+                "epoch": epoch(p.at),
+                "ack_lag_s": None if p.ack_lag_s is None else round(max(0.0, p.ack_lag_s), 3),
+                "rows_per_s": round(max(0.0, p.rows_per_s), 1),
+            }
+            for p in history.points
+        ],
+    }
 
 
 # a number as the description's `number` has it (JSON's form, ASCII digits): float()

@@ -124,18 +124,23 @@ class StreamConsumer:
         scheduler.poke()
         await scheduler.wait_for_room()
 
-    def acknowledged(self, lsn: int) -> None:
-        """Every transaction through ``lsn`` is durable: observe their ack lag."""
+    def acknowledged(self, lsn: int) -> float | None:
+        """Every transaction through ``lsn`` is durable: observe their ack lag; the
+        longest of them (None when no transaction was newly covered)."""
         now = time.monotonic()
         arrivals = self.arrivals
         done = 0
+        longest = None
         for commit_lsn, at in arrivals:
             if commit_lsn > lsn:
                 break
+            if longest is None:
+                longest = now - at  # (arrivals are in order: the first waited longest)
             self.metrics.ack_lag_seconds.observe(now - at)
             done += 1
         if done:
             del arrivals[:done]
+        return longest
 
     def waited_since(self, frontier: int) -> float:
         """How long the oldest transaction received past ``frontier`` has waited (0 when
