@@ -209,6 +209,14 @@ def _fake_shapes(n: int) -> list[dict[str, Any]]:
                 "backfill": None
                 if active
                 else {"rows_done": 1000, "rows_estimated": 5000, "chunks": 1, "elapsed_s": 3.0},
+                "current": None
+                if i % 4 == 0
+                else {
+                    "folded": {"lsn": str(Lsn(0x1_0000_0000)), "value": 0x1_0000_0000},
+                    "lag_bytes": i,
+                    "lag_s": 1.0,
+                    "rows_waiting": i % 3,
+                },
                 "continuity": {
                     "since": "2026-01-02T03:04:05.250Z",
                     "from": {"lsn": "0/16B3748", "value": 23803720},
@@ -294,6 +302,12 @@ async def test_a_thousand_shapes_sort_by_lag_filter_and_survive_failed_fetches()
         assert await watched.cell("s0007", "last_commit") == "2026-01-02 03:04:09 UTC"
         assert await watched.sub("s0007", "last_commit") == "2.0 s ago"
         assert await watched.cell("s0005", "last_commit") == "—"
+        # how far each current table is folded, and what a plain reader of it misses
+        assert await watched.cell("s0007", "current") == "1/0"
+        assert await watched.sub("s0007", "current") == "7 B behind the frontier, 1 row waiting"
+        assert await watched.sub("s0006", "current") == "6 B behind the frontier"
+        assert await watched.sub("s0005", "current") == "5 B behind the frontier, 2 rows waiting"
+        assert await watched.sub("s0008", "current") == "current tables off"
         assert await watched.sub("s0005", "state") == "1,000 of ~5,000 rows (20%)"
         assert re.fullmatch(r"refreshed \d\d:\d\d:\d\d UTC .*", await page.inner_text("#refreshed"))
         assert await page.inner_text("#ready") == "not ready"
@@ -395,6 +409,8 @@ async def test_the_page_follows_a_running_service(
             assert await page.inner_text("#ready") == "ready"
             assert await watched.cell("orders_eu", "state") == "active"
             assert await watched.cell("orders_eu", "rows") == "10"
+            folded = await watched.cell("orders_eu", "current")
+            assert folded == "not yet" or re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", folded), folded
             for name in service.shapes:
                 shown = Lsn.parse(await watched.cell(name, "frontier"))
                 assert int(shown) <= service.progress().frontiers[name]
