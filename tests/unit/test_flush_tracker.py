@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -64,7 +65,7 @@ def test_unconfirmed_shape_blocks_the_boundary() -> None:
 
     assert notified.lsns == []
     assert tracker.durable_lsn is None
-    assert tracker.pending_count == 1
+    assert len(tracker.stalled_shapes(math.inf, 0.0)) == 1  # (every pending one)
     assert tracker.is_pending("orders")
 
 
@@ -207,7 +208,7 @@ def test_continuous_updates_keep_advancing() -> None:
 
     # Never caught up, yet the boundary follows each shape's progress.
     assert notified.lsns == [0x156, 0x15E, 0x166]
-    assert tracker.pending_count == 1
+    assert len(tracker.stalled_shapes(math.inf, 0.0)) == 1  # (every pending one)
 
 
 def test_notice_for_shape_not_pending_is_ignored() -> None:
@@ -217,7 +218,7 @@ def test_notice_for_shape_not_pending_is_ignored() -> None:
     tracker.handle_flush_notification("gone", off(0x100, 10))
 
     assert notified.lsns == []
-    assert tracker.pending_count == 1
+    assert len(tracker.stalled_shapes(math.inf, 0.0)) == 1  # (every pending one)
 
 
 def test_notice_beyond_what_the_shape_was_sent_is_refused() -> None:
@@ -302,7 +303,7 @@ def test_flush_notice_after_removal_is_ignored() -> None:
 
     assert notified.lsns == [0xFE]
     assert not tracker.is_pending("a")
-    assert tracker.pending_count == 1
+    assert len(tracker.stalled_shapes(math.inf, 0.0)) == 1  # (every pending one)
 
 
 # -- restart and replays --------------------------------------------------------------

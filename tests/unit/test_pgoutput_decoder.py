@@ -274,14 +274,6 @@ def test_stream_end_messages_inside_a_block_are_protocol_errors(raw: bytes) -> N
         d.decode(raw)
 
 
-def test_reset_forgets_an_open_stream_block() -> None:
-    d = decoder(2)
-    d.decode(pg.stream_start(900, True))
-    d.reset()
-    assert not d.in_stream
-    assert d.decode(pg.insert(OID, [b"1"])) == Insert(OID, (b"1",))
-
-
 # --- two-phase commit (v3+) ---
 
 

@@ -286,11 +286,6 @@ class FlushTracker:
         return _offset(self._global)
 
     @property
-    def pending_count(self) -> int:
-        """How many shapes owe a flush."""
-        return len(self._pending)
-
-    @property
     def is_caught_up(self) -> bool:
         """No shape owes a flush: everything seen is durable."""
         return not self._pending

@@ -20,7 +20,7 @@ xid; outside they do not. The decoder keeps two dispatch tables (outside / insid
 stream block) and switches between them on ``S`` and ``E``; a nested Stream Start,
 a Stream Stop outside a block, or Stream Commit/Abort/Prepare inside a block is a
 ``ProtocolError`` because guessing would misread every following change. Create one
-decoder per replication connection (or call ``reset()`` after reconnecting).
+decoder per replication connection (the consumer does, on each ``StreamStarted``).
 
 Speed: Insert, Update and Delete are the hot path. They use precompiled
 ``struct.Struct.unpack_from`` readers, an inline loop over the tuple columns, and
@@ -625,10 +625,6 @@ class PgOutputDecoder:
     def in_stream(self) -> bool:
         """True between Stream Start and Stream Stop."""
         return self._table is self._inside
-
-    def reset(self) -> None:
-        """Forget stream state, as when a new replication connection starts."""
-        self._table = self._outside
 
     def decode(self, payload: bytes) -> Message:
         """Decode one pgoutput message; raise ``ProtocolError`` if it is malformed."""
