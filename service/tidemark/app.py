@@ -264,8 +264,7 @@ class Service:
         """FlushTracker notification: every transaction with commit LSN <= lsn is durable."""
         self._frontiers_dirty = True
         if self.client is not None:
-            self.client.note_durable(lsn)
-            self.consumer.maybe_idle(self.client)
+            self.client.note_durable(lsn, self.collector.idle)
         self.shapeset.promote()
         lag = self.consumer.acknowledged(lsn)
         if lag is not None:

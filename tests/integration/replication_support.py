@@ -63,8 +63,9 @@ class RecordingConsumer:
                     self._on_message(self.decoder.decode(payload))
             elif isinstance(item, KeepaliveMark):
                 self.keepalives += 1
-                if self.open_txn is None and not self.withheld:
-                    self.client.note_idle(item.wal_end)
+                self.client.keepalive_reached(
+                    item.wal_end, self.open_txn is None and not self.withheld
+                )
 
     def _on_message(self, msg: m.Message) -> None:
         if isinstance(msg, m.Begin):

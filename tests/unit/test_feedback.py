@@ -31,6 +31,36 @@ def test_idle_point_is_acknowledged_only_up_to_the_keepalive() -> None:
     assert fb.flush_lsn == 400
 
 
+def test_a_keepalive_reached_while_idle_is_an_idle_point() -> None:
+    fb = Feedback(100)
+    fb.note_keepalive(400, reply_requested=False)
+    fb.keepalive_reached(400, idle=True)
+    assert fb.flush_lsn == 400
+
+
+def test_a_keepalive_reached_while_busy_waits_for_a_notification_while_idle() -> None:
+    """The rule in one place: a keepalive reached while a transaction was open or a
+    writer held rows becomes an idle point at the first tracker notification that
+    finds nothing held, not before."""
+    fb = Feedback(100)
+    fb.note_keepalive(400, reply_requested=False)
+    fb.keepalive_reached(400, idle=False)
+    assert fb.flush_lsn == 100
+    fb.note_durable(250, idle=False)  # something is still held
+    assert fb.flush_lsn == 250
+    fb.note_durable(300, idle=True)  # nothing held now: everything before 400 is durable
+    assert fb.flush_lsn == 400
+
+
+def test_a_new_stream_forgets_the_keepalive_reached_on_the_one_before() -> None:
+    fb = Feedback(100)
+    fb.note_keepalive(400, reply_requested=False)
+    fb.keepalive_reached(400, idle=False)
+    fb.stream_restarted()
+    fb.note_durable(200, idle=True)
+    assert fb.flush_lsn == 200  # not 400: that keepalive was the old connection's
+
+
 def test_nothing_goes_backwards_after_sending() -> None:
     fb = Feedback(100)
     fb.note_received(1000)

@@ -183,17 +183,24 @@ class ReplicationClient:
 
     # -- inputs from the pipeline --------------------------------------------
 
-    def note_durable(self, lsn: int) -> None:
-        """The FlushTracker's notification: transactions with commit LSN <= lsn are durable."""
+    def note_durable(self, lsn: int, idle: bool = False) -> None:
+        """The FlushTracker's notification: transactions with commit LSN <= lsn are
+        durable (``Feedback.note_durable``; ``idle``: nothing open or pending now)."""
         if self.feedback is not None:
-            self.feedback.note_durable(lsn)
+            self.feedback.note_durable(lsn, idle)
             self._wake.set()
 
-    def note_idle(self, wal_end: int) -> None:
-        """The consumer reached a keepalive at ``wal_end`` with nothing open or pending."""
+    def keepalive_reached(self, wal_end: int, idle: bool) -> None:
+        """The consumer reached a keepalive at ``wal_end`` (``idle``: with nothing open
+        or pending)."""
         if self.feedback is not None:
-            self.feedback.note_idle(wal_end)
+            self.feedback.keepalive_reached(wal_end, idle)
             self._wake.set()
+
+    def stream_reached(self) -> None:
+        """The consumer reached the start of a new stream (``StreamStarted``)."""
+        if self.feedback is not None:
+            self.feedback.stream_restarted()
 
     def drop_stream(self, reason: str) -> None:
         """End the current stream now and connect again later, as after a connection

@@ -18,11 +18,17 @@ Rules, each enforced here and unit-tested:
 2. never go backwards (each of the three is monotonic);
 3. idle acknowledgement: a keepalive's ``wal_end`` W says the server has sent
    everything before W. When the consumer has processed the stream up to that
-   keepalive, has no transaction open and the tracker holds nothing pending,
-   everything before W is durable, so W may be acknowledged. "Nothing pending"
-   is not a flag that can go stale: the consumer re-evaluates it after every
-   tracker notification and every keepalive, and reports an idle point only at
-   such a moment (``note_idle``).
+   keepalive (``keepalive_reached``), has no transaction open and the tracker holds
+   nothing pending, everything before W is durable, so W may be acknowledged.
+   "Nothing pending" is not a flag that can go stale: it is given (``idle``) with
+   each input that can change it, the keepalive reached and every tracker
+   notification (``note_durable``), and the last keepalive reached becomes an idle
+   point only at such a moment. A new stream forgets it (``stream_restarted``):
+   the keepalives of the connection before say nothing of the one after.
+
+This class is the one owner of the acknowledgement: the service gives it the
+tracker's notifications and the consumer's keepalives, the replication client asks
+it what to send and when.
 
 When to send: at once when a keepalive asks for a reply; when flush advanced
 (debounced by ``min_interval``); and at least every ``keepalive_interval``, which
@@ -65,6 +71,7 @@ class Feedback:
         self.received = start_lsn
         self.durable = start_lsn
         self.idle_point = start_lsn
+        self._keepalive_reached: int | None = None  # the last one the consumer reached
         self.keepalive_interval_s = keepalive_interval_s
         self.min_interval_s = min_interval_s
         self._sent: StatusUpdate | None = None
@@ -108,10 +115,25 @@ class Feedback:
         if reply_requested:
             self._reply_due = True
 
-    def note_durable(self, lsn: int) -> None:
-        """The FlushTracker's notification ``D``."""
+    def note_durable(self, lsn: int, idle: bool = False) -> None:
+        """The FlushTracker's notification ``D``; ``idle``: at this moment no transaction
+        is open and no writer holds anything (the last keepalive reached is then an
+        idle point)."""
         if lsn > self.durable:
             self.durable = lsn
+        if idle and self._keepalive_reached is not None:
+            self.note_idle(self._keepalive_reached)
+
+    def keepalive_reached(self, wal_end: int, idle: bool) -> None:
+        """The consumer processed the stream up to a keepalive at ``wal_end``; ``idle``
+        as for ``note_durable``, at this moment."""
+        self._keepalive_reached = wal_end
+        if idle:
+            self.note_idle(wal_end)
+
+    def stream_restarted(self) -> None:
+        """The consumer reached a new stream: no keepalive of it is reached yet."""
+        self._keepalive_reached = None
 
     def note_idle(self, wal_end: int) -> None:
         """The consumer processed the stream up to a keepalive at ``wal_end`` and, at that

@@ -8,8 +8,8 @@ One task reads what the client put in its queue, in stream order:
   ``FRAGMENT_CHANGES`` changes or ``FRAGMENT_BYTES`` bytes and after each batch: that
   wait is the backpressure that stops the client reading the socket;
 - a ``KeepaliveMark``: with no transaction open, every transaction before it was
-  processed, so its ``wal_end`` may be acknowledged once nothing is held
-  (``maybe_idle``, re-checked by the service after every durable notification);
+  processed; the client's ``Feedback`` is told it was reached, and whether nothing is
+  held now (the idle acknowledgement's rule is there);
 - a ``StreamStarted``: a new decoder for the protocol version, a half-received
   transaction dropped on a reconnect (Postgres sends it again).
 
@@ -58,7 +58,6 @@ class StreamConsumer:
         self.metrics = metrics
         self.lock = asyncio.Lock()
         self.decoder: PgOutputDecoder | None = None
-        self.last_keepalive_end: int | None = None
         self.idle_processed: int | None = None  # a keepalive reached with nothing held
         self.arrivals: list[tuple[int, float]] = []  # (commit lsn, monotonic) for ack lag
         self._on_started = on_started
@@ -76,24 +75,17 @@ class StreamConsumer:
                     finally:
                         client.consumed(item)
                 elif type(item) is KeepaliveMark:
-                    self.last_keepalive_end = item.wal_end
                     if not self.collector.in_txn:
                         # every transaction before it was processed; what writers still
                         # hold of them bounds the acknowledgement on its own
                         self.idle_processed = item.wal_end
-                    self.maybe_idle(client)
+                    client.keepalive_reached(item.wal_end, self.collector.idle)
                 elif type(item) is StreamStarted:
                     self.decoder = PgOutputDecoder(item.proto_version)
-                    self.last_keepalive_end = None
+                    client.stream_reached()
                     if item.reconnect:
                         self.collector.stream_restarted()
                     self._on_started(item)
-
-    def maybe_idle(self, client: ReplicationClient) -> None:
-        """Acknowledge the last keepalive's ``wal_end`` if nothing is held now."""
-        end = self.last_keepalive_end
-        if end is not None and self.collector.idle:
-            client.note_idle(end)
 
     async def _batch(self, batch: WalBatch, scheduler: Writers) -> None:
         """The hot path: decode and route every message of one read from the socket."""
