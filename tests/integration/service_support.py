@@ -60,6 +60,17 @@ def current_lsn(dsn: str) -> int:
         return int(Lsn.parse(row[0]))
 
 
+def confirmed_flush(dsn: str, slot: str = "tm_e2e") -> int:
+    """The slot's ``confirmed_flush_lsn``: what Postgres holds as acknowledged."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s",
+            (slot,),
+        ).fetchone()
+    assert row is not None and row[0] is not None, f"no slot {slot} with a confirmed flush"
+    return int(Lsn.parse(row[0]))
+
+
 async def wait_frontiers(service: Service, lsn: int, timeout: float = 120.0) -> None:
     """Until every shape is ready (backfilled) and its frontier is at or past ``lsn``."""
     async with asyncio.timeout(timeout):

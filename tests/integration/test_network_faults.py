@@ -29,15 +29,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 import pytest
 
-from tidemark.lsn import Lsn
 from tidemark.verify import compare_shape
 
 from .conftest import ONE_SERVER, PgDatabase
 from .object_store_support import TOXIPROXY_SERVER, Proxy, start_toxiproxy
-from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+from .service_support import (
+    confirmed_flush,
+    current_lsn,
+    running_service,
+    settings_for,
+    wait_frontiers,
+)
 from .test_backfill import keys_unique
 
 SCHEMA = """
@@ -74,15 +78,6 @@ def through(dsn: str, proxy: Proxy, options: str) -> str:
     query = "&".join(q for q in (parts.query, f"options={options}") if q)
     netloc = f"{userinfo}127.0.0.1:{proxy.listen_port}"
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
-def confirmed_flush(dsn: str) -> int:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = 'tm_e2e'"
-        ).fetchone()
-    assert row is not None and row[0] is not None
-    return int(Lsn.parse(row[0]))
 
 
 async def workload(db: PgDatabase, start: int) -> None:

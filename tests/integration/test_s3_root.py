@@ -45,7 +45,13 @@ from .object_store_support import (
     require_object_store,
     s3_client,
 )
-from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+from .service_support import (
+    confirmed_flush,
+    current_lsn,
+    running_service,
+    settings_for,
+    wait_frontiers,
+)
 
 BUCKET = "lake-e2e"
 
@@ -195,15 +201,6 @@ def s3a_counter(spark: Any, name: str) -> int:
     conf = spark._jsc.hadoopConfiguration()
     fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI(f"s3a://{BUCKET}/"), conf)
     return int(fs.getIOStatistics().counters().get(name) or 0)
-
-
-def confirmed_flush(dsn: str) -> int:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = 'tm_e2e'"
-        ).fetchone()
-    assert row is not None and row[0] is not None
-    return int(Lsn.parse(row[0]))
 
 
 async def test_a_delta_root_on_s3_equals_postgres(
