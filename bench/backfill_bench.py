@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from tidemark.embedded import EmbeddedPostgres
+from tidemark.demo.postgres import EmbeddedPostgres
 
 
 def _prepare(pg: EmbeddedPostgres, rows: int) -> None:

@@ -5,7 +5,7 @@ on three Spark engines, in one run:
 * ``local[2]``: tidemark is the driver, Spark in its own JVM (the default);
 * ``standalone``: tidemark is the driver of an application on a standalone master and
   one worker (2 cores, 1 GiB; executors of 512 MiB) started from pyspark's
-  installation on loopback (``tidemark.embedded_spark``); executors write the files;
+  installation on loopback (``tidemark.demo.spark``); executors write the files;
 * ``connect``: tidemark is a Spark Connect client of a server (``local[2]`` behind
   it, 2 GiB driver like tidemark's own) started the same way; no JVM in tidemark.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.e2e_bench import _backfill_empty, _prepare, _through, _workload
-from tidemark.embedded import EmbeddedPostgres
-from tidemark.embedded_spark import ConnectServer, StandaloneCluster
+from tidemark.demo.postgres import EmbeddedPostgres
+from tidemark.demo.spark import ConnectServer, StandaloneCluster
 
 ENGINES = ("local[2]", "standalone", "connect")
 # a driver on the loopback cluster: reachable by executors, executors that fit the worker

@@ -19,6 +19,7 @@ import time
 
 from prometheus_client import generate_latest
 
+from tidemark.observability import Metrics, refresh_metrics
 from tidemark.status.facts import (
     BackfillFacts,
     CollectorFacts,
@@ -27,7 +28,6 @@ from tidemark.status.facts import (
     ServiceFacts,
     WriterFacts,
 )
-from tidemark.observability import Metrics, refresh_metrics
 
 STATES = ("active", "active", "active", "active", "backfilling", "catching_up", "error")
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import shapes_bench
-from tidemark.embedded import EmbeddedPostgres
+from tidemark.demo.postgres import EmbeddedPostgres
 
 LATENCY_MS = 20
 TARGET_P99_RATIO = 2.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from tidemark.embedded import EmbeddedPostgres
+from tidemark.demo.postgres import EmbeddedPostgres
 from tidemark.lsn import Lsn
 from tidemark.pgoutput.decoder import PgOutputDecoder
 from tidemark.replication.client import (

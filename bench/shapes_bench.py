@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 
 from bench import sink_format, sink_sync, sink_sync_method
-from tidemark.embedded import EmbeddedPostgres
+from tidemark.demo.postgres import EmbeddedPostgres
 from tidemark.lsn import Lsn
 
 RATE = 5_000  # rows/s

@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from tidemark.embedded import EmbeddedPostgres
+from tidemark.demo.postgres import EmbeddedPostgres
 from tidemark.lsn import Lsn
 
 SHAPES = 4

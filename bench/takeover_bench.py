@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from tidemark.embedded import EmbeddedPostgres, free_port
+from tidemark.demo.postgres import EmbeddedPostgres, free_port
 from tidemark.lsn import Lsn
 
 ROOT = Path(__file__).resolve().parents[1]

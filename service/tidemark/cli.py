@@ -677,7 +677,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from tidemark.allocators import prepare_process
 
     prepare_process()  # before pyarrow loads
-    from tidemark.demo import run_demo
+    from tidemark.demo.run import run_demo
 
     return run_demo(
         duration_s=args.duration, data_dir=args.data, port=args.port, table_format=args.format

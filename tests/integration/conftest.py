@@ -13,7 +13,7 @@ Postgres, in order of preference:
 Spark: one session for the whole run (``local[2]``, UI off). Tests of Spark as a
 separate engine take ``spark_cluster`` (a standalone master and worker) or
 ``connect_server`` (a Spark Connect server), each started once, on first use, from
-pyspark's installation (``tidemark.embedded_spark``).
+pyspark's installation (``tidemark.demo.spark``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from tidemark.embedded import EmbeddedPostgres, pg18_bin_dir, system_bin_dir
-from tidemark.embedded_spark import ConnectServer, StandaloneCluster
+from tidemark.demo.postgres import EmbeddedPostgres, pg18_bin_dir, system_bin_dir
+from tidemark.demo.spark import ConnectServer, StandaloneCluster
 from tidemark.sink import TableFormat
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 
 import tidemark
-from tidemark.embedded import (
+from tidemark.demo.postgres import (
     _PREFIX,
     OWNER_FILE,
     PASSWORD,

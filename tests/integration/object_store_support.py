@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tidemark.embedded import death_signal_prefix, free_port
+from tidemark.demo.postgres import death_signal_prefix, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 JARS_DIR = Path(os.environ.get("TIDEMARK_JARS_DIR", REPO / ".jars"))

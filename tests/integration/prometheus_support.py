@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 
 from ..promql import ALERTS, DEPLOY, REPO
 

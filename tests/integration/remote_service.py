@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tidemark.embedded import death_signal_prefix
+from tidemark.demo.postgres import death_signal_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 

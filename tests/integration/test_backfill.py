@@ -325,7 +325,7 @@ def test_a_backfill_killed_midway_restarts_cleanly(
     import time
     import urllib.request
 
-    from tidemark.embedded import free_port
+    from tidemark.demo.postgres import free_port
 
     from .test_e2e_crash import ROOT, start_service, wait_streaming
 

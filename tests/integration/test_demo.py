@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from tidemark import demo
-from tidemark.embedded import free_port
+from tidemark.demo import run as demo
+from tidemark.demo.postgres import free_port
 
 from .remote_service import get_json
 

@@ -42,7 +42,7 @@ from psycopg import sql
 
 from tidemark.app import Service
 from tidemark.config import Settings, load_settings
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 
 from .conftest import PgDatabase
 

@@ -34,7 +34,7 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.fencing import read_epoch
 from tidemark.lsn import format_lsn
 from tidemark.verify import compare_shape

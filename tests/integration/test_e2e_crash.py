@@ -23,7 +23,7 @@ import psycopg
 from deltalake import DeltaTable
 
 from tidemark import objectstore, read
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.errors import SinkError
 from tidemark.lsn import Lsn
 from tidemark.sink.delta.table import table_path

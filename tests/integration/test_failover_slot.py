@@ -39,7 +39,7 @@ import pytest
 
 from tidemark.app import Service
 from tidemark.config import Settings
-from tidemark.embedded import PASSWORD, ROLE, EmbeddedPostgres, pg18_bin_dir
+from tidemark.demo.postgres import PASSWORD, ROLE, EmbeddedPostgres, pg18_bin_dir
 from tidemark.errors import ReplicationError, StreamGapError
 from tidemark.lsn import Lsn, format_lsn
 

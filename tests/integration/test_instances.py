@@ -19,7 +19,7 @@ import pytest
 
 from tidemark import read
 from tidemark.app import Service
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.errors import ConfigError
 from tidemark.lsn import format_lsn
 from tidemark.sink.frontiers import load_frontiers

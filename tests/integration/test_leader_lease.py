@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 
 from tidemark import cli
 from tidemark.app import Service
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.lease import LeaderLease, LeaseLost
 from tidemark.lsn import format_lsn
 from tidemark.sink.delta.table import table_path

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tidemark.embedded import death_signal_prefix
+from tidemark.demo.postgres import death_signal_prefix
 
 from .object_store_support import (
     REGION,

@@ -46,7 +46,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.crashfs import CrashFS, require_crashfs
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.lsn import Lsn
 from tidemark.verify import compare_shape
 

@@ -39,7 +39,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.lsn import Lsn
 from tidemark.verify import compare_shape
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.lsn import format_lsn
 from tidemark.verify import compare_shape
 

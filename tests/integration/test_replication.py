@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from tidemark.embedded import EmbeddedPostgres
+from tidemark.demo.postgres import EmbeddedPostgres
 from tidemark.errors import ReplicationError, SlotLostError
 from tidemark.lsn import Lsn
 from tidemark.pgoutput import messages as m

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pytest
 
 from tidemark import objectstore, read
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.lsn import Lsn
 from tidemark.verify import compare_shape, normalise
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.embedded import death_signal_prefix
+from tidemark.demo.postgres import death_signal_prefix
 from tidemark.sink import table_format
 
 from .crash_writer import SHAPES, TXNS, expected_rows, lsn_of

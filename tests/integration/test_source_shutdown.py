@@ -29,7 +29,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tidemark.embedded import EmbeddedPostgres, free_port
+from tidemark.demo.postgres import EmbeddedPostgres, free_port
 from tidemark.read import arrow_current
 from tidemark.sink.schema import METADATA_NAMES
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.embedded import free_port
-from tidemark.embedded_spark import StandaloneCluster
+from tidemark.demo.postgres import free_port
+from tidemark.demo.spark import StandaloneCluster
 from tidemark.lsn import format_lsn
 from tidemark.verify import compare_shape
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from tidemark.embedded import free_port
-from tidemark.embedded_spark import ConnectServer, StandaloneCluster
+from tidemark.demo.postgres import free_port
+from tidemark.demo.spark import ConnectServer, StandaloneCluster
 from tidemark.lsn import format_lsn
 from tidemark.sink.delta.table import table_path
 from tidemark.spark import CONNECT_JOB_BYTES

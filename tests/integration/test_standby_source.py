@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tidemark.embedded import EmbeddedPostgres, pg18_bin_dir
+from tidemark.demo.postgres import EmbeddedPostgres, pg18_bin_dir
 from tidemark.lsn import Lsn
 from tidemark.verify import compare_shape
 

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.lsn import format_lsn
 from tidemark.sink.delta.table import table_path
 from tidemark.verify import compare_shape

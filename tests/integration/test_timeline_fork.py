@@ -35,7 +35,7 @@ import pytest
 
 import tidemark
 from tidemark.continuity.store import ContinuityStore
-from tidemark.embedded import EmbeddedPostgres, free_port, pg18_bin_dir
+from tidemark.demo.postgres import EmbeddedPostgres, free_port, pg18_bin_dir
 from tidemark.lsn import format_lsn
 from tidemark.verify import compare_shape
 

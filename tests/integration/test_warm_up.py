@@ -17,7 +17,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from tidemark import app
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.lsn import format_lsn
 from tidemark.verify import compare_shape
 from tidemark.writers import job

@@ -255,7 +255,7 @@ def venv_pyspark() -> PurePosixPath:
 def test_the_spark_profile_runs_pysparks_spark_from_tidemarks_image() -> None:
     import pyspark
 
-    from tidemark.embedded_spark import ConnectServer
+    from tidemark.demo.spark import ConnectServer
 
     services = compose()["services"]
     tidemark = services["tidemark"]
@@ -270,7 +270,7 @@ def test_the_spark_profile_runs_pysparks_spark_from_tidemarks_image() -> None:
         assert (Path(pyspark.__file__).parent / "bin" / PurePosixPath(program).name).exists()
         assert environment(service)["SPARK_HOME"] == str(home)
         launched[name] = main if main != "--class" else service["entrypoint"][2]
-    # the classes tidemark.embedded_spark starts for the tests
+    # the classes tidemark.demo.spark starts for the tests
     assert launched == {
         "spark-master": "org.apache.spark.deploy.master.Master",
         "spark-worker": "org.apache.spark.deploy.worker.Worker",

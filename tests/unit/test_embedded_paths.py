@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidemark.embedded import _install_parts
+from tidemark.demo.postgres import _install_parts
 
 
 def test_a_wheel_install_is_copied_with_its_vendored_libraries(tmp_path: Path) -> None:

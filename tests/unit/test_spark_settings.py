@@ -15,7 +15,7 @@ import pytest
 
 from tidemark import jvm
 from tidemark.config import load_settings
-from tidemark.embedded import free_port
+from tidemark.demo.postgres import free_port
 from tidemark.errors import ConfigError
 from tidemark.spark import (
     CONNECT_CONF,

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tidemark.embedded import OWNER_FILE, death_signal_prefix, free_port, remove_stale_folders
+from tidemark.demo.postgres import OWNER_FILE, death_signal_prefix, free_port, remove_stale_folders
 from tidemark.errors import ConfigError
 
 _PREFIX = "tidemark-spark-"

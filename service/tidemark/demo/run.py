@@ -131,7 +131,7 @@ def run_demo(
     table_format: str = "delta",
 ) -> int:
     from tidemark.config import Settings
-    from tidemark.embedded import EmbeddedPostgres
+    from tidemark.demo.postgres import EmbeddedPostgres
     from tidemark.observability import configure_logging
     from tidemark.spark import build_session
 
