@@ -102,8 +102,8 @@ _USAGE_WIDTH = 88
 
 
 def _value_types() -> dict[Callable[[str], Any], str]:
-    """What each argument type of the command line accepts (tidemark.cli_args)."""
-    args = _tidemark("tidemark.cli_args")
+    """What each argument type of the command line accepts (tidemark.cli.args)."""
+    args = _tidemark("tidemark.cli.args")
     return {
         args.positive_seconds: "seconds, above 0",
         args.wait_seconds: f"seconds, above 0 and at most {args.MAX_WAIT_S:g}",

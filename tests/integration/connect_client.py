@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 
 
 def fold(url: str, root: str, dsn: str, truth: dict[str, str]) -> dict[str, object]:
+    from tidemark.demo.verify import compare_shape
     from tidemark.spark import build_session, is_connect
-    from tidemark.verify import compare_shape
 
     spark = build_session(remote=url, app_name="tidemark-test-fold")
     results = {
@@ -68,8 +68,8 @@ def read_equals(root: str, shape: str, query: str, dsn: str) -> bool:
     import psycopg
     from deltalake import DeltaTable
 
+    from tidemark.demo.verify import normalise
     from tidemark.sink import current
-    from tidemark.verify import normalise
 
     rows = DeltaTable(str(current.current_path(root, shape))).to_pyarrow_table().to_pylist()
     got = sorted((tuple(normalise(v) for c, v in r.items() if c != "_lsn") for r in rows), key=repr)

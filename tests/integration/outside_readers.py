@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 
 from tests.fold_cases import fold_model
-from tidemark.verify import normalise
+from tidemark.demo.verify import normalise
 
 
 def duck(*extra: str) -> duckdb.DuckDBPyConnection:

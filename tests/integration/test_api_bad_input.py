@@ -21,10 +21,10 @@ from psycopg import sql
 
 from tidemark.api import problems
 from tidemark.api.problems import ProblemKind
+from tidemark.demo.verify import compare_shape
 from tidemark.errors import ShapeError
 from tidemark.lsn import Lsn
 from tidemark.predicates.compiler import MAX_PREDICATE_DEPTH, MAX_PREDICATE_TOKENS
-from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers

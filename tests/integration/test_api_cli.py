@@ -17,9 +17,9 @@ import pytest
 
 from tidemark import cli
 from tidemark.api import problems
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import Lsn, format_lsn
 from tidemark.shapes.model import ShapeDefinition
-from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers

@@ -17,11 +17,11 @@ import pytest
 from deltalake import DeltaTable
 
 from tidemark.backfill import reader, runner
+from tidemark.demo.verify import compare_shape
 from tidemark.errors import ShapeError
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.sink.delta.table import ShapeTable, table_path
 from tidemark.sink.schema import ColumnSpec, table_schema
-from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers

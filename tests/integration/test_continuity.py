@@ -25,9 +25,9 @@ from tidemark import read
 from tidemark.api.shape_view import continuity_json, lsn_json
 from tidemark.app import Service
 from tidemark.backfill import reader
+from tidemark.demo.verify import compare_shape
 from tidemark.errors import TidemarkError
 from tidemark.shapes.model import ShapeDefinition
-from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase, one_server
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers

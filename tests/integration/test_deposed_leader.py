@@ -35,9 +35,9 @@ import pytest
 from deltalake import DeltaTable
 
 from tidemark.demo.postgres import free_port
+from tidemark.demo.verify import compare_shape
 from tidemark.fencing import read_epoch
 from tidemark.lsn import format_lsn
-from tidemark.verify import compare_shape
 
 from .conftest import ONE_SERVER, PgDatabase
 from .remote_service import (

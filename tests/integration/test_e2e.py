@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tidemark.verify import compare_shape, normalise
+from tidemark.demo.verify import compare_shape, normalise
 
 from .conftest import PgDatabase, one_server
 from .outside_readers import (

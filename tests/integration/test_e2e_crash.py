@@ -24,11 +24,11 @@ from deltalake import DeltaTable
 
 from tidemark import objectstore, read
 from tidemark.demo.postgres import free_port
+from tidemark.demo.verify import compare_shape
 from tidemark.errors import SinkError
 from tidemark.lsn import Lsn
 from tidemark.sink.delta.table import table_path
 from tidemark.sink.root import root_format
-from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
 from .remote_service import start_service

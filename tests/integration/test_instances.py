@@ -20,10 +20,10 @@ import pytest
 from tidemark import read
 from tidemark.app import Service
 from tidemark.demo.postgres import free_port
+from tidemark.demo.verify import compare_shape
 from tidemark.errors import ConfigError
 from tidemark.lsn import format_lsn
 from tidemark.sink.frontiers import load_frontiers
-from tidemark.verify import compare_shape
 
 from .conftest import ONE_SERVER, PgDatabase
 from .remote_service import (

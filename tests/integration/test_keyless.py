@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tidemark.verify import compare_shape, normalise
+from tidemark.demo.verify import compare_shape, normalise
 
 from .conftest import PgDatabase, one_server
 from .outside_readers import changelog_rows, current_rows

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tidemark.verify import compare_shape
+from tidemark.demo.verify import compare_shape
 
 from .conftest import ONE_SERVER, PgDatabase
 from .object_store_support import TOXIPROXY_SERVER, Proxy, start_toxiproxy

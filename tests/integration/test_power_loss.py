@@ -47,8 +47,8 @@ from deltalake import DeltaTable
 
 from tests.crashfs import CrashFS, require_crashfs
 from tidemark.demo.postgres import free_port
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import Lsn
-from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase, one_server
 from .remote_service import service_env, start_service, wait_shapes

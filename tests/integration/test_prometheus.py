@@ -40,8 +40,8 @@ import psycopg
 import pytest
 
 from tidemark.demo.postgres import free_port
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import Lsn
-from tidemark.verify import compare_shape
 
 from ..promql import REPO, alert_rules, with_bool
 from .conftest import PgDatabase

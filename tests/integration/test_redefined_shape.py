@@ -22,8 +22,8 @@ from pathlib import Path
 import psycopg
 
 from tidemark.demo.postgres import free_port
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import format_lsn
-from tidemark.verify import compare_shape
 
 from .conftest import ONE_SERVER, PgDatabase
 from .remote_service import get_json, service_env, start_service, stop_service, tail, wait_shapes

@@ -18,8 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import format_lsn
-from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase, one_server
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers

@@ -31,8 +31,8 @@ import pytest
 
 from tidemark import objectstore, read
 from tidemark.demo.postgres import free_port
+from tidemark.demo.verify import compare_shape, normalise
 from tidemark.lsn import Lsn
-from tidemark.verify import compare_shape, normalise
 
 from .conftest import PgDatabase
 from .object_store_support import (

@@ -18,8 +18,8 @@ import pytest
 
 from tidemark.demo.postgres import free_port
 from tidemark.demo.spark import StandaloneCluster
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import format_lsn
-from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase
 from .remote_service import (

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 
 from tidemark.demo.postgres import EmbeddedPostgres, pg18_bin_dir
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import Lsn
-from tidemark.verify import compare_shape
 
 from .service_support import running_service, settings_for, wait_frontiers
 
@@ -182,8 +182,8 @@ async def test_a_standby_is_a_source_and_its_promotion_keeps_the_stream(
 async def test_config_check_and_errors_explain_a_standby_source(
     replicated: tuple[EmbeddedPostgres, EmbeddedPostgres], tmp_path: Path
 ) -> None:
+    from tidemark.cli.preflight import run_checks
     from tidemark.errors import ReplicationError
-    from tidemark.preflight import run_checks
     from tidemark.replication import slot as slots
 
     _, standby = replicated
@@ -243,7 +243,7 @@ async def test_a_rebuilt_standby_has_no_slot_and_the_gap_policy_applies(
 async def test_config_check_warns_of_a_failover_slot_no_standby_is_kept_ahead_of(
     replicated: tuple[EmbeddedPostgres, EmbeddedPostgres], tmp_path: Path
 ) -> None:
-    from tidemark.preflight import run_checks
+    from tidemark.cli.preflight import run_checks
 
     primary, _ = replicated
     settings = settings_for(primary.dsn("app"), str(tmp_path), SHAPES)

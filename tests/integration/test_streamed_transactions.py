@@ -19,9 +19,9 @@ import psycopg
 import pytest
 
 from tidemark.demo.postgres import free_port
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import format_lsn
 from tidemark.sink.delta.table import table_path
-from tidemark.verify import compare_shape
 
 from .conftest import PgDatabase, one_server
 from .remote_service import (

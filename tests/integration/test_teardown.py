@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tidemark import cli
-from tidemark.teardown import TeardownRefused, carry_out, make_plan
+from tidemark.cli.teardown import TeardownRefused, carry_out, make_plan
 
 from .conftest import PgDatabase, one_server
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers

@@ -17,7 +17,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from tidemark.verify import compare_shape, normalise
+from tidemark.demo.verify import compare_shape, normalise
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers

@@ -36,8 +36,8 @@ import pytest
 import tidemark
 from tidemark.continuity.store import ContinuityStore
 from tidemark.demo.postgres import EmbeddedPostgres, free_port, pg18_bin_dir
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import format_lsn
-from tidemark.verify import compare_shape
 
 from .fork_support import (
     child_env,

@@ -18,8 +18,8 @@ from structlog.testing import capture_logs
 
 from tidemark import app
 from tidemark.demo.postgres import free_port
+from tidemark.demo.verify import compare_shape
 from tidemark.lsn import format_lsn
-from tidemark.verify import compare_shape
 from tidemark.writers import job
 
 from .conftest import ONE_SERVER, PgDatabase

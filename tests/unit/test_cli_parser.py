@@ -77,7 +77,7 @@ def test_output_is_text_by_default_and_json_on_request(argv: list[str]) -> None:
 
 def test_shapes_list_pages_as_the_api_does(capsys: pytest.CaptureFixture[str]) -> None:
     from tidemark.api.paging import MAX_LIMIT
-    from tidemark.cli_args import MAX_PAGE
+    from tidemark.cli.args import MAX_PAGE
 
     assert MAX_PAGE == MAX_LIMIT  # the CLI refuses what the API would
     args = cli.parser().parse_args(

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from tidemark.cli.preflight import shape_problems, sink_root_problem
 from tidemark.config import Settings
-from tidemark.preflight import shape_problems, sink_root_problem
 
 
 def run(config: Path) -> tuple[int, str, float]:

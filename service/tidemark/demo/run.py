@@ -28,8 +28,8 @@ from typing import Any
 
 import psycopg
 
+from tidemark.demo.verify import Comparison, compare_shape
 from tidemark.lsn import Lsn, format_lsn
-from tidemark.verify import Comparison, compare_shape
 
 SCHEMA = """
 create table customers (id int primary key, name text not null, country text not null);

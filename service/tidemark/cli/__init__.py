@@ -27,7 +27,7 @@ import urllib.request
 from typing import Any
 
 from tidemark import exit_reason, version
-from tidemark.cli_args import (
+from tidemark.cli.args import (
     count,
     duration,
     lsn_text,
@@ -159,8 +159,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     prepare_process()  # before pyarrow loads
     from tidemark.app import Service
+    from tidemark.cli.preflight import object_store_problem, source_problems, static_problems
     from tidemark.observability import configure_logging
-    from tidemark.preflight import object_store_problem, source_problems, static_problems
 
     settings = _settings(args, require_dsn=True)
     # what `config check` finds without the source, before Spark starts (exit 2)
@@ -179,8 +179,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
+    from tidemark.cli.preflight import run_checks
     from tidemark.config import explain
-    from tidemark.preflight import run_checks
 
     settings = _settings(args, require_dsn=True)
     print(explain(settings, args.config))
@@ -596,7 +596,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
 def cmd_teardown(args: argparse.Namespace) -> int:
     """Drop the slot (and the publication tidemark created); with --purge, this
     instance's tables and state under the sink root. Shows the plan, then asks."""
-    from tidemark.teardown import carry_out, make_plan
+    from tidemark.cli.teardown import carry_out, make_plan
 
     settings = _settings(args, require_dsn=True)
     plan = asyncio.run(make_plan(settings, args.purge))
