@@ -1,7 +1,7 @@
 """Where the suite's time goes: a pytest plugin that records, in the folder
 ``TIDEMARK_TEST_TIMES`` names (one file per worker), the seconds each fixture's set-up
 took (PostgreSQL servers, Spark sessions, S3 servers, crash filesystems) and the seconds
-the tests' own code asked to sleep (``time.sleep`` and ``asyncio.sleep`` called from a
+the tests' own code slept (``time.sleep`` and ``asyncio.sleep`` called from a
 file under ``tests/``, by call site: fixed sleeps and the pauses of polling loops).
 Loaded only when asked for:
 
@@ -31,23 +31,36 @@ fixture_n: defaultdict[str, int] = defaultdict(int)
 sleep_s: defaultdict[str, float] = defaultdict(float)
 
 
-def _note_sleep(delay: Any) -> None:
+def _site() -> str | None:
     frame = sys._getframe(2)
     where = frame.f_code.co_filename
-    if where.startswith(_TESTS) and isinstance(delay, (int, float)) and delay > 0:
-        sleep_s[f"{os.path.relpath(where, _TESTS)}:{frame.f_lineno}"] += float(delay)
+    if not where.startswith(_TESTS):
+        return None
+    return f"{os.path.relpath(where, _TESTS)}:{frame.f_lineno}"
 
 
 def _install_sleep_counters() -> None:
+    """Each sleep called from the tests, timed as it ran (a sleep cancelled early
+    counts for what it slept)."""
     plain, awaited = time.sleep, asyncio.sleep
 
     def sleep(delay: float) -> None:
-        _note_sleep(delay)
-        plain(delay)
+        site = _site()
+        started = time.perf_counter()
+        try:
+            plain(delay)
+        finally:
+            if site is not None:
+                sleep_s[site] += time.perf_counter() - started
 
     async def asleep(delay: float, result: Any = None) -> Any:
-        _note_sleep(delay)
-        return await awaited(delay, result)
+        site = _site()
+        started = time.perf_counter()
+        try:
+            return await awaited(delay, result)
+        finally:
+            if site is not None:
+                sleep_s[site] += time.perf_counter() - started
 
     time.sleep = sleep  # type: ignore[assignment]
     asyncio.sleep = asleep
@@ -87,7 +100,7 @@ def summary(folder: Path, top: int = 25) -> str:
     lines = [f"fixture set-ups: {sum(fixtures.values()):.0f} s (summed over workers)"]
     for name, seconds in sorted(fixtures.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"  {seconds:8.1f} s  {counts[name]:5d}x  {name}")
-    lines.append(f"sleeps asked for by the tests: {sum(sleeps.values()):.0f} s")
+    lines.append(f"sleeps of the tests (as slept): {sum(sleeps.values()):.0f} s")
     fixed = {w: s for w, s in sleeps.items() if s >= 1}
     for where, seconds in sorted(fixed.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"  {seconds:8.1f} s  {where}")
