@@ -4,7 +4,7 @@
 inserts, updates, some with an unchanged TOAST column not sent, deletes, key changes
 and truncates) and returns the changelog rows a shape would hold with the source's
 state after each transaction; ``fold_model`` is the fold rule by rule. The Spark fold
-(tests/integration/test_fold.py) and the Arrow fold (tests/unit/test_fold_arrow.py)
+(tests/integration/test_fold.py) and the Arrow fold (tests/unit/sink/test_fold_arrow.py)
 are both held to them.
 """
 

@@ -1,7 +1,7 @@
 """``tidemark run`` refuses a source that refuses tidemark before it starts Spark (issue
 54): a role that may not replicate ends the run with exit 4 in seconds, the role and
 the fix named, no traceback and no Spark log. An unreachable source is left to the
-service's own connection handling (`tests/unit/test_run_fails_fast.py` and the
+service's own connection handling (`tests/unit/cli/test_run_fails_fast.py` and the
 source shutdown tests)."""
 
 from __future__ import annotations

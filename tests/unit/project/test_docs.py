@@ -24,7 +24,7 @@ import sqlglot
 from tidemark.config import load_settings
 from tidemark.sink.schema import METADATA_FIELDS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 README_LIMIT = 12 * 1024

@@ -74,7 +74,7 @@ def test_the_service_process_allocates_arrow_memory_with_malloc_and_small_pages(
         "print(pa.default_memory_pool().backend_name, *thp)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "service")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3] / "service")
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()

@@ -29,7 +29,7 @@ from tests.systemd_env import unit_entries as systemd_unit_entries
 from tidemark.config import Settings, is_loopback, load_settings
 from tidemark.shapes.model import ShapeDefinition
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 UNIT = REPO / "deploy" / "systemd" / "tidemark.service"
 ENV_FILE = REPO / "deploy" / "systemd" / "tidemark.env.example"
 TOML = REPO / "deploy" / "tidemark.toml.example"

@@ -25,7 +25,7 @@ from tidemark.cli import parser
 from tidemark.config import Settings, load_settings
 from tidemark.observability import Metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MONITORING = ROOT / "docs" / "guides" / "monitoring.md"
 
 

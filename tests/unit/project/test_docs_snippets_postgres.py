@@ -22,7 +22,7 @@ import yaml
 from tidemark.config import load_settings
 from tidemark.shapes.model import ShapeDefinition
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOCS = REPO / "docs"
 PAGES = ["get-started/your-postgres.md", "guides/preparing-postgres.md"]
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)

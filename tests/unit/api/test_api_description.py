@@ -315,7 +315,7 @@ def test_times_round_to_the_nearest_millisecond_across_a_second() -> None:
 
 
 def test_the_reference_page_renders_every_operation_and_problem_type() -> None:
-    from tests.unit.test_docs_reference import ROOT, load_hooks
+    from tests.unit.project.test_docs_reference import ROOT, load_hooks
 
     hooks = load_hooks()
     page = (ROOT / "docs" / "reference" / "http-api.md").read_text()

@@ -13,7 +13,7 @@ import pytest
 from tidemark.pgoutput.values.columns import lake_column
 from tidemark.pgoutput.values.pgtype import describe
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "types.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "reference" / "types.md"
 
 OIDS = {
     "boolean": 16, "smallint": 21, "integer": 23, "bigint": 20, "oid": 26, "real": 700,

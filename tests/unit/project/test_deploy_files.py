@@ -6,7 +6,7 @@ provisioning and dashboard are parsed and checked against the CLI's parser, the
 settings model and the metrics registry. No Docker engine, Postgres or Spark is needed;
 the shell scripts run with a stand-in ``tidemark``. ``promtool check rules`` runs when it
 is installed (else the structural checks alone); ``systemd-analyze`` and the unit's
-settings file: tests/unit/test_systemd_unit.py. tests/integration/test_deploy.py runs the
+settings file: tests/unit/project/test_systemd_unit.py. tests/integration/test_deploy.py runs the
 same environment for real.
 """
 
@@ -39,7 +39,7 @@ from tidemark.errors import ConfigError
 from tidemark.observability import Metrics
 from tidemark.shapes.model import ShapeDefinition
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
 PROMQL_BUILTINS = {"up"}  # series Prometheus makes itself, not tidemark's
 
@@ -913,7 +913,7 @@ def test_unit_is_a_hardened_notify_service_with_a_watchdog() -> None:
 
 
 def test_env_example_sets_only_settings_tidemark_knows() -> None:
-    # the settings file, its credential, systemd-analyze: tests/unit/test_systemd_unit.py
+    # the settings file, its credential, systemd-analyze: tests/unit/project/test_systemd_unit.py
     env = env_example()
     unknown = [k for k in env if k != "TIDEMARK_CONFIG" and not settings_key_exists(k)]
     assert not unknown, f"not settings of tidemark: {unknown}"
