@@ -160,7 +160,7 @@ async def test_a_shape_removed_and_declared_again_is_backfilled_not_resumed(
         await wait_frontiers(service, current_lsn(pg_db.dsn))
         assert service.shapes["high"].backfills_done == 1
         # the API says since when it is continuous, and why its previous claim ended
-        continuity = continuity_json(service, "high")
+        continuity = continuity_json(service.continuity_facts("high"))
         assert continuity["since"] is not None
         assert continuity["from"] == lsn_json(service.shapes["high"].snapshot_lsn)
         assert continuity["last_invalidation"]["reason"] == "removed from the configuration"
