@@ -913,7 +913,9 @@ class Service:
                 backfills[name] = BackfillFacts(
                     backfill.chunks, backfill.rows_done, backfill.rows_estimated
                 )
-        writers = self.scheduler.writers if self.scheduler is not None else {}
+        # the per-shape gauges only: at 1000 shapes not worth gathering when they are off
+        per_shape = self.metrics.per_shape
+        writers = self.scheduler.writers if self.scheduler is not None and per_shape else {}
         return ServiceFacts(
             phase=self.phase,
             progress=progress,
@@ -922,7 +924,9 @@ class Service:
             else StreamFacts(stats.connected, stats.status_updates, stats.bytes_received),
             flush=self.flush_facts(),
             writers={n: w for n in writers if (w := self.writer_facts(n)) is not None},
-            lag_s={n: self.lag_seconds(f) for n, f in progress.frontiers.items()},
+            lag_s={n: self.lag_seconds(f) for n, f in progress.frontiers.items()}
+            if per_shape
+            else {},
             states=states,
             backfills=backfills,
             stalled=frozenset(s.name for s in self.stalled_shapes()),

@@ -115,8 +115,8 @@ class ServiceFacts:
     progress: Progress
     stream: StreamFacts | None  # None before the replication client exists
     flush: FlushFacts | None  # None before the writers exist
-    writers: Mapping[str, WriterFacts]
-    lag_s: Mapping[str, float]  # each shape with a frontier: its lag in seconds
+    writers: Mapping[str, WriterFacts]  # empty when [metrics] per_shape is off
+    lag_s: Mapping[str, float]  # each shape with a frontier (per_shape on): its lag in s
     states: Mapping[str, str]  # each shape's state as shown (``Service.shape_state``)
     backfills: Mapping[str, BackfillFacts]  # the shapes with a backfill on record
     stalled: frozenset[str]
