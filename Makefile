@@ -8,9 +8,9 @@ STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup java prometheus fuse browser objectstore test test-fast test-integration test-compose lint demo bench clean jvm docs
+.PHONY: setup java prometheus fuse browser objectstore readers test test-fast test-integration test-compose lint demo bench clean jvm docs
 
-setup: java prometheus fuse browser objectstore $(STAMP)
+setup: java prometheus fuse browser objectstore readers $(STAMP)
 
 $(STAMP): pyproject.toml setup.py service/tidemark/_fastpath.pyx
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -88,6 +88,20 @@ objectstore:
 	@sh jars/fetch.sh
 	@sh jars/toxiproxy.sh
 
+# The reference readers of the tests (tests/integration/test_reference_readers.py):
+# Delta's own Spark reader (delta-spark) and Iceberg's Spark runtime, in a Spark of their
+# own: Iceberg's runtime stops at Spark 4.1 and delta-spark 4.4 at 4.2, while tidemark
+# runs 4.3. pyspark 4.1 in .venv-readers (jars/readers/requirements.txt), the jars by
+# Maven into .jars/readers/ (jars/readers/pom.xml, checksums beside it).
+READERS_VENV := .venv-readers
+readers: $(READERS_VENV)/.installed
+	@sh jars/fetch.sh jars/readers .jars/readers
+
+$(READERS_VENV)/.installed: jars/readers/requirements.txt
+	@test -x $(READERS_VENV)/bin/python || $(PYTHON) -m venv $(READERS_VENV)
+	$(READERS_VENV)/bin/python -m pip install --quiet -r jars/readers/requirements.txt
+	@touch $@
+
 # Two workers, one for each core: a module runs whole on one of them (its fixtures shared),
 # the slowest modules first (tests/conftest.py), so both end together; in that order, not
 # xdist's own (--no-loadscope-reorder: it would start the modules of most tests first and
@@ -147,4 +161,4 @@ jvm: setup
 	@rm -rf build/jvm
 
 clean:
-	rm -rf $(VENV) demo-data site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(READERS_VENV) demo-data site .pytest_cache .mypy_cache .ruff_cache

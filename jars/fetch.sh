@@ -1,18 +1,26 @@
 #!/bin/sh
-# Resolves the jars of jars/pom.xml (hadoop-aws with its AWS SDK bundle and analytics
-# accelerator; S3Proxy) with Maven into .jars/ and checks each against
-# jars/checksums.sha256. Idempotent: a no-op once they are there and verified. Needs no
-# network once they are in .jars/ or ~/.m2, so a machine without Maven Central can be
-# given a copy of .jars/.
+# Resolves the jars of a pom.xml with Maven into a folder and checks each against the
+# checksums.sha256 beside the pom. Idempotent: a no-op once they are there and verified.
+# Needs no network once they are in the folder or ~/.m2, so a machine without Maven
+# Central can be given a copy of the folder.
+#
+#   sh jars/fetch.sh                             jars/pom.xml (hadoop-aws with its AWS SDK
+#                                                bundle and analytics accelerator; S3Proxy)
+#                                                into .jars/ (or $TIDEMARK_JARS_DIR)
+#   sh jars/fetch.sh jars/readers .jars/readers  the tests' reference readers (delta-spark,
+#                                                Iceberg's Spark runtime) into .jars/readers/
 set -eu
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-DEST=${TIDEMARK_JARS_DIR:-$(dirname "$HERE")/.jars}
+JARS=$(cd "$(dirname "$0")" && pwd)
+HERE=$(cd "${1:-$JARS}" && pwd)
+DEST=${2:-${TIDEMARK_JARS_DIR:-$(dirname "$JARS")/.jars}}
+mkdir -p "$DEST"
+DEST=$(cd "$DEST" && pwd) # (Maven resolves a relative folder against the pom's)
 SUMS="$HERE/checksums.sha256"
 STAMP="$DEST/.verified"
 NAMES=$(awk '{ print $2 }' "$SUMS")
 
-# The stamp is a copy of the checksums last verified: hashing ~740 MB on every `make setup`
+# The stamp is a copy of the checksums last verified: hashing hundreds of MB on every `make setup`
 # takes seconds, so only new checksums or a jar changed since then cause a new check.
 verified_before() {
 	[ -f "$STAMP" ] && cmp -s "$SUMS" "$STAMP" || return 1
@@ -39,7 +47,7 @@ if ! check "$DEST" >/dev/null 2>&1; then
 			".jars/ folder here from another machine" >&2
 		exit 1
 	}
-	echo "jars: resolving $(echo $NAMES) with Maven into $DEST (~740 MB the first time)"
+	echo "jars: resolving $(echo $NAMES) with Maven into $DEST (once)"
 	# a fresh folder, so neither a partial copy nor a stale jar can pass for a good one
 	incoming="$DEST/.incoming"
 	rm -rf "$incoming"

@@ -37,6 +37,7 @@ SLOWEST_FIRST = (
     "test_spark_connect",
     "test_prometheus",
     "test_leader_lease",
+    "test_reference_readers",
 )
 
 
