@@ -9,7 +9,8 @@ Metrics (prometheus-client, one registry per service) are named
 exactly up to 2^53, i.e. 8 PiB of WAL); lags in bytes and seconds.
 
 A scrape stays small at 1000 shapes: every per-shape family has one series per shape
-(``PER_SHAPE``, at most 12 a shape), no ``_created`` series, and what a shape needs
+(``PER_SHAPE``, at most 12 a shape; a backfilling shape two more, ``WHILE_BACKFILLING``,
+gone when its backfill ends), no ``_created`` series, and what a shape needs
 only on demand (its frontier, its tables' files) is in the API, not in per-shape
 series: the metrics keep per-shape lag in bytes and seconds and, across shapes, the
 worst table's files. ``[metrics] per_shape = false`` drops the per-shape families for
@@ -115,6 +116,12 @@ class Metrics:
         "tidemark_current_lag_seconds",
         "tidemark_current_refreshes_total",
         "tidemark_current_refresh_failures_total",
+    )
+    #: labelled by shape too, but only while the shape backfills (removed when it ends):
+    #: a steady state costs nothing, a backfill two series
+    WHILE_BACKFILLING = (
+        "tidemark_shape_backfill_rows_done",
+        "tidemark_shape_backfill_rows_estimated",
     )
 
     def __init__(self, per_shape: bool = True, version: str = "") -> None:
@@ -348,6 +355,18 @@ class Metrics:
             "Rows the running backfills' snapshots hold, as the catalog estimates them",
             registry=r,
         )
+        self.shape_backfill_done = by_shape(
+            Gauge,
+            "tidemark_shape_backfill_rows_done",
+            "Rows a shape's backfill has copied from its snapshot (only while it backfills)",
+        )
+        self.shape_backfill_estimated = by_shape(
+            Gauge,
+            "tidemark_shape_backfill_rows_estimated",
+            "Rows a backfilling shape's snapshot holds, as the catalog estimates them "
+            "(only while it backfills)",
+        )
+        self.backfilling: set[str] = set()  # the shapes with backfill series now
         self.claim_invalidations = Counter(
             "tidemark_claim_invalidations_total",
             "Shape claims ended (removed, resync, stream gap): each is rebuilt",
@@ -436,6 +455,25 @@ class Metrics:
 _WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 
+def _backfill_series(m: Metrics, facts: ServiceFacts) -> None:
+    """Each backfilling shape's rows done and estimated; a shape's two series go when
+    its backfill ends (or the shape does)."""
+    now = set()
+    for name, state in facts.states.items():
+        backfill = facts.backfills.get(name)
+        if state != ShapeState.BACKFILLING or backfill is None:
+            continue
+        now.add(name)
+        m.shape_backfill_done.labels(name).set(backfill.rows_done)
+        m.shape_backfill_estimated.labels(name).set(
+            max(backfill.rows_estimated, backfill.rows_done)
+        )
+    for name in m.backfilling - now:
+        m.shape_backfill_done.remove(name)
+        m.shape_backfill_estimated.remove(name)
+    m.backfilling = now
+
+
 def refresh_metrics(m: Metrics, facts: ServiceFacts) -> None:
     """Copy the service's state, taken as values (``Service.facts``), into the gauges
     (called from housekeeping)."""
@@ -491,6 +529,8 @@ def refresh_metrics(m: Metrics, facts: ServiceFacts) -> None:
             running += 1
             done += backfill.rows_done
             estimated += max(backfill.rows_estimated, backfill.rows_done)
+    if m.per_shape:
+        _backfill_series(m, facts)
     m.backfills_running.set(running)
     m.backfills_waiting.set(waiting)
     m.backfill_rows_done.set(done)

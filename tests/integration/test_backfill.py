@@ -112,6 +112,23 @@ def split_by_seam(root: Path, shape: str) -> tuple[list[dict], list[dict]]:  # t
     return [r for r in rows if r["_kind"] == "snapshot"], stream
 
 
+def backfill_series(service: Any) -> list[tuple[float, float]]:
+    """Shape ``high``'s rows done and estimated as ``/metrics`` shows them (none: [])."""
+    from prometheus_client import generate_latest
+
+    from tidemark.observability import refresh_metrics
+
+    refresh_metrics(service.metrics, service.facts())
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in generate_latest(service.metrics.registry).decode().splitlines()
+        if line.startswith("tidemark_shape_backfill_rows")
+    }
+    done = values.get('tidemark_shape_backfill_rows_done{shape="high"}')
+    estimated = values.get('tidemark_shape_backfill_rows_estimated{shape="high"}')
+    return [] if done is None or estimated is None else [(done, estimated)]
+
+
 async def test_backfill_under_concurrent_writes_equals_postgres(
     pg_db: PgDatabase,
     spark,
@@ -129,14 +146,21 @@ async def test_backfill_under_concurrent_writes_equals_postgres(
             # while backfilling, the shape is not ready and has no frontier
             status = service.shapes["high"]
             seen_backfilling = False
+            progress: list[tuple[float, float]] = []  # the shape's backfill series
             async with asyncio.timeout(120):
                 while status.state != "active":
                     if status.state == "backfilling":
                         seen_backfilling = True
                         assert service.frontier("high") is None
+                        if status.backfill is not None:
+                            progress.extend(backfill_series(service))
                     await asyncio.sleep(0.02)
             assert seen_backfilling and status.backfill is not None
             assert status.backfill.chunks > 3 and status.backfill.rows_done > 25_000
+            # the metrics showed the backfill's rows as they grew, then dropped them
+            assert progress and progress[-1][0] > progress[0][0], progress
+            assert all(done <= estimated for done, estimated in progress), progress
+            assert backfill_series(service) == []
             await asyncio.sleep(1.5)  # more stream on top of the snapshot
             writer.stop.set()
             writer.join(timeout=30)

@@ -5,6 +5,8 @@ bench metrics``, not here.)"""
 
 from __future__ import annotations
 
+import dataclasses
+
 from bench.metrics_bench import stub_facts
 from prometheus_client import generate_latest
 
@@ -23,16 +25,44 @@ def test_a_thousand_shapes_cost_at_most_twelve_series_each_and_no_created_series
     refresh_metrics(metrics, stub_facts(SHAPES, metrics))
     samples = _samples(metrics)
     by_shape = [s for s in samples if 'shape="' in s]
-    assert len(by_shape) / SHAPES <= 12
-    assert len(by_shape) / SHAPES == len(Metrics.PER_SHAPE)  # every family was exercised
+    backfilling = [s for s in by_shape if s.startswith(Metrics.WHILE_BACKFILLING)]
+    steady = len(by_shape) - len(backfilling)
+    assert steady / SHAPES <= 12
+    assert steady / SHAPES == len(Metrics.PER_SHAPE)  # every family was exercised
+    # (each shape backfilling with a backfill on record: two series)
+    shapes = stub_facts(SHAPES, metrics)
+    running = [
+        n for n, state in shapes.states.items() if state == "backfilling" and n in shapes.backfills
+    ]
+    assert running and len(backfilling) == 2 * len(running)
     assert not [s for s in samples if "_created" in s.split("{")[0].split(" ")[0]]
-    # and every family labelled by shape is one of the declared twelve
+    # and every family labelled by shape is one of the declared twelve or the two kept
+    # while a shape backfills
     labelled = {
         family.name + ("_total" if family.type == "counter" else "")
         for family in metrics.registry.collect()
         if any("shape" in sample.labels for sample in family.samples)
     }
-    assert labelled == set(Metrics.PER_SHAPE)
+    assert labelled == set(Metrics.PER_SHAPE) | set(Metrics.WHILE_BACKFILLING)
+
+
+def test_a_shapes_backfill_series_go_when_its_backfill_ends() -> None:
+    metrics = Metrics()
+    facts = stub_facts(14, metrics)
+    refresh_metrics(metrics, facts)
+    backfilling = [
+        n for n, state in facts.states.items() if state == "backfilling" and n in facts.backfills
+    ]
+    assert backfilling and metrics.backfilling == set(backfilling)
+    done = dict(
+        s.rsplit(" ", 1) for s in _samples(metrics) if s.startswith(Metrics.WHILE_BACKFILLING)
+    )
+    assert len(done) == 2 * len(backfilling), done
+    # when every backfill ended, their series are gone
+    ended = dataclasses.replace(facts, states=dict.fromkeys(facts.states, "active"))
+    refresh_metrics(metrics, ended)
+    assert not [s for s in _samples(metrics) if s.startswith(Metrics.WHILE_BACKFILLING)]
+    assert metrics.backfilling == set()
 
 
 def test_per_shape_off_leaves_the_totals_only() -> None:
