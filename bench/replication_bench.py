@@ -23,12 +23,8 @@ import psycopg
 from tidemark.demo.postgres import EmbeddedPostgres
 from tidemark.lsn import Lsn
 from tidemark.pgoutput.decoder import PgOutputDecoder
-from tidemark.replication.client import (
-    KeepaliveMark,
-    ReplicationClient,
-    SourceConfig,
-    WalBatch,
-)
+from tidemark.replication.client import ReplicationClient, SourceConfig
+from tidemark.replication.protocol import KeepaliveMark, WalBatch
 
 
 @dataclass

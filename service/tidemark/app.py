@@ -67,13 +67,10 @@ from tidemark.lsn import format_lsn
 from tidemark.observability import Metrics, refresh_metrics
 from tidemark.reload import ReloadPlan, plan_reload
 from tidemark.replication import slot as slots
-from tidemark.replication.client import (
-    ReplicationClient,
-    SourceConfig,
-    StreamStarted,
-)
+from tidemark.replication.client import ReplicationClient, SourceConfig
 from tidemark.replication.monitor import ReplicationMonitor, ReplicationSample, Violation
 from tidemark.replication.observe import observe_stream
+from tidemark.replication.protocol import StreamStarted
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapes.state import ShapeState
 from tidemark.shapeset import ShapeSet, ShapeStatus

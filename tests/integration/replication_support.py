@@ -12,13 +12,8 @@ import psycopg
 
 from tidemark.pgoutput import messages as m
 from tidemark.pgoutput.decoder import PgOutputDecoder
-from tidemark.replication.client import (
-    KeepaliveMark,
-    ReplicationClient,
-    SourceConfig,
-    StreamStarted,
-    WalBatch,
-)
+from tidemark.replication.client import ReplicationClient, SourceConfig
+from tidemark.replication.protocol import KeepaliveMark, StreamStarted, WalBatch
 
 
 @dataclass

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,16 +46,19 @@ from tidemark.conninfo import redact_dsn, redact_text
 from tidemark.continuity.rule import ObservedStream
 from tidemark.errors import ReplicationError, SlotLostError, TidemarkError
 from tidemark.lsn import format_lsn
-from tidemark.pgoutput.framing import (
-    PrimaryKeepalive,
-    parse_copy_data,
-    pg_now_us,
-    standby_status_update,
-)
+from tidemark.pgoutput.framing import pg_now_us, standby_status_update
 from tidemark.replication import slot as slots
 from tidemark.replication.catalog import check_name, session_options
 from tidemark.replication.feedback import Feedback, StatusUpdate, keepalive_interval
 from tidemark.replication.observe import observed_stream, timeline_history
+from tidemark.replication.protocol import (
+    COPY_ENDED,
+    KeepaliveMark,
+    StreamItem,
+    StreamStarted,
+    WalBatch,
+    drain,
+)
 from tidemark.replication.source_errors import (
     ConnectionLost,
     classify_connect_error,
@@ -64,8 +66,6 @@ from tidemark.replication.source_errors import (
 )
 
 log = structlog.get_logger("tidemark.replication")
-
-_XLOG_HEADER = struct.Struct("!QQQ")  # wal_start, wal_end, send_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,33 +86,6 @@ class SourceConfig:
     queue_bytes: int = 8 * 1024 * 1024
     reconnect_initial_s: float = 0.5
     reconnect_max_s: float = 30.0
-
-
-@dataclass(slots=True)
-class WalBatch:
-    """XLogData payloads in stream order, and the highest XLogData start among them."""
-
-    payloads: list[bytes]
-    last_lsn: int
-    nbytes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class KeepaliveMark:
-    wal_end: int
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStarted:
-    """A (re)connection began streaming at ``start_lsn``: drop any half-received txn."""
-
-    start_lsn: int
-    walsender_pid: int
-    proto_version: int
-    reconnect: bool
-
-
-StreamItem = WalBatch | KeepaliveMark | StreamStarted
 
 
 @dataclass(slots=True)
@@ -495,13 +468,15 @@ class ReplicationClient:
         pgconn.nonblocking = 1
 
     async def _read_loop(self) -> None:
+        """Read the stream until stopped: what the frames mean is ``protocol.drain``'s;
+        here the waits, the positions fed to ``Feedback`` and the queue."""
         conn = self._conn
         assert conn is not None and self.feedback is not None
         pgconn = conn.pgconn
+        get_copy_data = pgconn.get_copy_data
         feedback = self.feedback
         stats = self.stats
         queue = self.queue
-        unpack_x = _XLOG_HEADER.unpack_from
         clock = self._clock
         feedback.note_heard(clock())
         while not self._stopping:
@@ -509,58 +484,33 @@ class ReplicationClient:
                 pgconn.consume_input()
             except psycopg.OperationalError as exc:
                 raise ConnectionLost(str(exc)) from exc
-            payloads: list[bytes] = []
-            append = payloads.append
-            header: Any = None  # the last XLogData: WAL positions never decrease in a stream
-            received = 0
-            heard = False
-            while True:
-                nbytes, data = pgconn.get_copy_data(1)
-                if nbytes > 0:
-                    heard = True
-                    if data[0] == 0x77 and nbytes >= 25:  # 'w' XLogData, whole header
-                        append(bytes(data[25:]))
-                        header = data
-                        received += nbytes
-                    else:  # a keepalive, or a frame framing.py refuses (ProtocolError)
-                        frame = parse_copy_data(data)
-                        assert isinstance(frame, PrimaryKeepalive)  # (an XLogData is whole)
-                        wal_end, reply = frame.wal_end, frame.reply_requested
-                        stats.keepalives += 1
-                        if payloads:
-                            last = unpack_x(header, 1)[0]
-                            feedback.note_received(last)
-                            stats.messages_received += len(payloads)
-                            stats.bytes_received += received
-                            await self._enqueue(WalBatch(payloads, last, received))
-                            payloads, header, received = [], None, 0
-                            append = payloads.append
-                        feedback.note_keepalive(wal_end, bool(reply))
-                        if reply:
-                            self._wake.set()
-                        await queue.put(KeepaliveMark(wal_end))
-                    continue
-                if nbytes == 0:
-                    break
-                if nbytes == -1:  # server ended the copy
-                    while (res := pgconn.get_result()) is not None:
-                        if res.status == pq.ExecStatus.FATAL_ERROR:
-                            err = psycopg.errors.error_from_result(res, encoding="utf-8")
-                            raise_stream_error(err, self.config.slot)
-                    raise ConnectionLost("the walsender ended the replication stream")
+            drained = drain(get_copy_data)
+            for item in drained.items:
+                if isinstance(item, WalBatch):
+                    feedback.note_received(item.last_lsn)
+                    stats.messages_received += len(item.payloads)
+                    stats.bytes_received += item.nbytes
+                    await self._enqueue(item)
+                else:
+                    stats.keepalives += 1
+                    feedback.note_keepalive(item.wal_end, item.reply_requested)
+                    if item.reply_requested:
+                        self._wake.set()
+                    await queue.put(KeepaliveMark(item.wal_end))
+            if drained.end == COPY_ENDED:
+                while (res := pgconn.get_result()) is not None:
+                    if res.status == pq.ExecStatus.FATAL_ERROR:
+                        err = psycopg.errors.error_from_result(res, encoding="utf-8")
+                        raise_stream_error(err, self.config.slot)
+                raise ConnectionLost("the walsender ended the replication stream")
+            if drained.end is not None:
                 err_text = (pgconn.error_message or b"").decode(errors="replace")
                 raise ConnectionLost(err_text or "copy failed")
-            if payloads:
-                last = unpack_x(header, 1)[0]
-                feedback.note_received(last)
-                stats.messages_received += len(payloads)
-                stats.bytes_received += received
-                await self._enqueue(WalBatch(payloads, last, received))
+            if drained.heard:
                 # (heard after the queue took it: a wait for the consumer is no silence)
                 feedback.note_heard(clock())
-                continue  # there may be more already buffered
-            if heard:
-                feedback.note_heard(clock())
+                if isinstance(drained.items[-1], WalBatch):
+                    continue  # there may be more already buffered
             elif feedback.timed_out(clock()):
                 raise ConnectionLost(
                     f"nothing from the walsender for {feedback.silent_for(clock()):.0f} s, "

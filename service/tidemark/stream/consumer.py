@@ -28,7 +28,8 @@ from typing import Final, Protocol
 from tidemark.errors import ProtocolError
 from tidemark.observability import Metrics
 from tidemark.pgoutput.decoder import PgOutputDecoder
-from tidemark.replication.client import KeepaliveMark, ReplicationClient, StreamStarted, WalBatch
+from tidemark.replication.client import ReplicationClient
+from tidemark.replication.protocol import KeepaliveMark, StreamStarted, WalBatch
 from tidemark.stream.collector import ShapeLogCollector
 
 FRAGMENT_CHANGES: Final = 10_000  # backpressure check at least this often inside a batch

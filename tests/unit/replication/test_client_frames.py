@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from tidemark.errors import ProtocolError
-from tidemark.replication.client import KeepaliveMark, ReplicationClient, SourceConfig, WalBatch
+from tidemark.replication.client import ReplicationClient, SourceConfig
 from tidemark.replication.feedback import Feedback
+from tidemark.replication.protocol import KeepaliveMark, WalBatch
 
 
 class FramesConn:
