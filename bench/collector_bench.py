@@ -80,7 +80,7 @@ def payloads(rows: int, txn_rows: int) -> list[bytes]:
 
 def one_run(messages: list[bytes]) -> tuple[float, int]:
     """Seconds to take ``messages`` through, and the rows buffered."""
-    tracker = FlushTracker(lambda lsn: None, clock=time.monotonic)
+    tracker = FlushTracker(lambda lsn, _caught_up: None, clock=time.monotonic)
     collector = ShapeLogCollector(tracker)
     columns = [ColumnSpec(c.name, c.type_oid, c.type_modifier) for c in RELATION.columns]
     writers = []

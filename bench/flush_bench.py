@@ -49,7 +49,7 @@ class Result:
 def _pending_tracker(pending: int, advances: list[int]) -> tuple[FlushTracker, list[str]]:
     """A tracker where ``pending`` shapes each owe a flush at their own offset."""
     shapes = [f"shape-{i}" for i in range(pending)]
-    tracker = FlushTracker(advances.append, clock=time.monotonic)
+    tracker = FlushTracker(lambda lsn, _caught_up: advances.append(lsn), clock=time.monotonic)
     tracker.handle_txn_fragment(CommitFragment(LogOffset(_T1, pending)), shapes)
     tracker.handle_txn_fragment(CommitFragment(LogOffset(_T2, 1 << 40)), shapes)
     order = shapes[:]
@@ -80,7 +80,7 @@ def bench_minimum(pending: int, notices: int) -> Result:
     final = LogOffset(_T1 + 8 * (pending + 1), 1 << 40)
     done, advanced, seconds = 0, 0, 0.0
     while done < notices:
-        tracker = FlushTracker(advances.append, clock=time.monotonic)
+        tracker = FlushTracker(lambda lsn, _caught_up: advances.append(lsn), clock=time.monotonic)
         for i, shape in enumerate(shapes):  # shape i owes transaction i first
             tracker.handle_txn_fragment(CommitFragment(LogOffset(_T1 + 8 * i, 0)), (shape,))
         tracker.handle_txn_fragment(CommitFragment(final), shapes)

@@ -38,7 +38,7 @@ def _row(i: int) -> tuple[bytes, ...]:
 
 class _Stream:
     def __init__(self, root: Path, shapes: list[str]) -> None:
-        self.tracker = FlushTracker(lambda lsn: None, clock=time.monotonic)
+        self.tracker = FlushTracker(lambda lsn, _caught_up: None, clock=time.monotonic)
         self.writers = {}
         for shape in shapes:
             table = ShapeTable(root, shape)

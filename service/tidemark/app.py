@@ -257,11 +257,12 @@ class Service:
 
     # -- acknowledgement -----------------------------------------------------------
 
-    def _on_durable(self, lsn: int) -> None:
-        """FlushTracker notification: every transaction with commit LSN <= lsn is durable."""
+    def _on_durable(self, lsn: int, caught_up: bool) -> None:
+        """FlushTracker notification: every transaction with commit LSN <= lsn is durable;
+        ``caught_up``: no shape owes a flush (idle, with no transaction open here)."""
         self._frontiers_dirty = True
         if self.client is not None:
-            self.client.note_durable(lsn, self.collector.idle)
+            self.client.note_durable(lsn, caught_up and not self.collector.in_txn)
         self.shapeset.promote()
         lag = self.consumer.acknowledged(lsn)
         if lag is not None:

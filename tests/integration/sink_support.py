@@ -52,7 +52,8 @@ class Feeder:
 
 def make_feeder() -> Feeder:
     notified: list[int] = []
-    feeder = Feeder(FlushTracker(notified.append, clock=lambda: 0.0), notified=notified)
+    tracker = FlushTracker(lambda lsn, _caught_up: notified.append(lsn), clock=lambda: 0.0)
+    feeder = Feeder(tracker, notified=notified)
     return feeder
 
 

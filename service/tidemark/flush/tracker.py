@@ -160,12 +160,14 @@ class FlushTracker:
 
     def __init__(
         self,
-        notify: Callable[[int], object],
+        notify: Callable[[int, bool], object],
         *,
         clock: Callable[[], float],
         durable_lsn: int | None = None,
     ) -> None:
-        """``notify(D)`` is called on every advance of the durable LSN ``D``.
+        """``notify(D, caught_up)`` is called on every advance of the durable LSN ``D``;
+        ``caught_up``: no shape owes a flush at that moment (everything seen is
+        durable), so the listener need not ask the tracker back from inside it.
 
         ``clock`` gives the time (seconds, monotonic) recorded when a shape starts
         owing a flush. ``durable_lsn`` is what is already confirmed to Postgres (the
@@ -340,16 +342,16 @@ class FlushTracker:
     def _advance(self) -> None:
         if not self._pending:
             self._global = self._last_seen
-            self._announce(self._last_seen >> _OP_BITS)
+            self._announce(self._last_seen >> _OP_BITS, True)
             return
         minimum = self._min
         if minimum is not None and minimum > self._global:
             self._global = minimum
-            self._announce((minimum >> _OP_BITS) - 1)
+            self._announce((minimum >> _OP_BITS) - 1, False)
 
-    def _announce(self, lsn: int) -> None:
+    def _announce(self, lsn: int, caught_up: bool) -> None:
         # Equal values are dropped too: two shapes moving inside one transaction raise
         # the global offset without changing tx_offset - 1.
         if self._durable_lsn is None or lsn > self._durable_lsn:
             self._durable_lsn = lsn
-            self._notify(lsn)
+            self._notify(lsn, caught_up)

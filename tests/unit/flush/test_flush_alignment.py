@@ -172,7 +172,7 @@ def test_misuse_is_refused_with_a_clear_error() -> None:
 
 def test_shape_seeing_part_of_a_transaction_catches_up_through_alignment() -> None:
     notified: list[int] = []
-    tracker = FlushTracker(notified.append, clock=lambda: 0.0)
+    tracker = FlushTracker(lambda lsn, _caught_up: notified.append(lsn), clock=lambda: 0.0)
     writer = TxnAlignment()
     writer.begin_txn()
     writer.record_written(off(0x100, 3))  # the shape got change 3 of 0..7
@@ -189,7 +189,7 @@ def test_shape_seeing_part_of_a_transaction_catches_up_through_alignment() -> No
 
 def test_transaction_not_routed_to_a_writer_does_not_hold_the_tracker() -> None:
     notified: list[int] = []
-    tracker = FlushTracker(notified.append, clock=lambda: 0.0)
+    tracker = FlushTracker(lambda lsn, _caught_up: notified.append(lsn), clock=lambda: 0.0)
     writer = TxnAlignment()
     write_txn(writer, 0x100, [1], last_op=1)
     tracker.handle_txn_fragment(CommitFragment(off(0x100, 1)), ["orders"])

@@ -19,9 +19,11 @@ class Recorder:
 
     def __init__(self) -> None:
         self.lsns: list[int] = []
+        self.caught_up: list[bool] = []
 
-    def __call__(self, lsn: int) -> None:
+    def __call__(self, lsn: int, caught_up: bool) -> None:
         self.lsns.append(lsn)
+        self.caught_up.append(caught_up)
 
 
 class FakeClock:
@@ -55,6 +57,19 @@ def test_transaction_touching_no_shape_is_durable_at_once() -> None:
 
     assert notified.lsns == [0x100]
     assert tracker.durable_lsn == 0x100
+    assert tracker.is_caught_up
+
+
+def test_a_notification_says_whether_any_shape_still_owes_a_flush() -> None:
+    tracker, notified, _ = new_tracker()
+    tracker.handle_txn_fragment(commit(0x100), ["orders"])
+    tracker.handle_txn_fragment(commit(0x200), ["orders", "users"])
+    # orders has flushed everything: D moves below 0x200, which users still owes
+    tracker.handle_flush_notification("orders", off(0x200, 10))
+    assert len(notified.lsns) == 1 and 0x100 <= notified.lsns[0] < 0x200
+    assert notified.caught_up == [False] and not tracker.is_caught_up
+    tracker.handle_flush_notification("users", off(0x200, 10))
+    assert (notified.lsns[-1], notified.caught_up) == (0x200, [False, True])
     assert tracker.is_caught_up
 
 
@@ -477,7 +492,7 @@ def test_confirmed_lsn_never_loses_a_transaction_on_restart(
 
 def test_last_flushed_of_reports_pending_shapes_only() -> None:
     notified: list[int] = []
-    tracker = FlushTracker(notified.append, clock=lambda: 0.0)
+    tracker = FlushTracker(lambda lsn, _caught_up: notified.append(lsn), clock=lambda: 0.0)
     tracker.handle_txn_fragment(CommitFragment(LogOffset(100, 4)), ["a"])
     assert tracker.last_flushed_of("a") == LogOffset(100, 4).prev_tx()
     assert tracker.last_flushed_of("b") is None

@@ -86,9 +86,11 @@ class FlushPipeline(RuleBasedStateMachine):
     def _new_tracker(self) -> FlushTracker:
         return FlushTracker(self._on_notify, clock=lambda: 0.0, durable_lsn=self.confirmed or None)
 
-    def _on_notify(self, lsn: int) -> None:
+    def _on_notify(self, lsn: int, caught_up: bool) -> None:
         # Checked at the moment of the notification, before anything else moves.
         assert not self.notified or lsn > self.notified[-1], "notification not increasing"
+        # (the notification says whether any shape still owes a flush: no one asks back)
+        assert caught_up == self.tracker.is_caught_up, (caught_up, lsn)
         assert lsn > self.confirmed or not self.notified
         self._check_promise(lsn)
         self.notified.append(lsn)

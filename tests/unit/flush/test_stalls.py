@@ -30,7 +30,7 @@ def test_a_busy_shape_that_keeps_flushing_is_never_stalled() -> None:
     # given a shape that receives a transaction every second and commits each one a
     # second later, so it never catches up exactly (it always owes the newest)
     clock, watch = Clock(), StallWatch()
-    tracker = FlushTracker(lambda lsn: None, clock=clock)
+    tracker = FlushTracker(lambda lsn, _caught_up: None, clock=clock)
     tracker.handle_txn_fragment(commit(0x100), ["busy"])
     for second in range(1, 600):
         clock.now = float(second)
@@ -45,7 +45,7 @@ def test_a_busy_shape_that_keeps_flushing_is_never_stalled() -> None:
 
 def test_a_shape_whose_flushes_stop_is_stalled_after_the_grace_period() -> None:
     clock, watch = Clock(), StallWatch()
-    tracker = FlushTracker(lambda lsn: None, clock=clock)
+    tracker = FlushTracker(lambda lsn, _caught_up: None, clock=clock)
     clock.now = 100.0
     tracker.handle_txn_fragment(commit(0x100), ["held", "fine"])
     tracker.handle_flush_notification("fine", LogOffset(0x100, 2))  # caught up
@@ -60,7 +60,7 @@ def test_a_shape_whose_flushes_stop_is_stalled_after_the_grace_period() -> None:
 
 def test_progress_restarts_the_clock_and_catching_up_clears_the_stall() -> None:
     clock, watch = Clock(), StallWatch()
-    tracker = FlushTracker(lambda lsn: None, clock=clock)
+    tracker = FlushTracker(lambda lsn, _caught_up: None, clock=clock)
     tracker.handle_txn_fragment(commit(0x100), ["s"])
     tracker.handle_txn_fragment(commit(0x108), ["s"])
     assert look(watch, tracker, 31.0) == ["s"]
@@ -83,7 +83,7 @@ def test_progress_restarts_the_clock_and_catching_up_clears_the_stall() -> None:
 
 def test_stalls_keep_the_trackers_order_lowest_flushed_first() -> None:
     clock, watch = Clock(), StallWatch()
-    tracker = FlushTracker(lambda lsn: None, clock=clock)
+    tracker = FlushTracker(lambda lsn, _caught_up: None, clock=clock)
     tracker.handle_txn_fragment(commit(0x100), ["b", "a"])
     tracker.handle_txn_fragment(commit(0x108), ["b", "a"])
     tracker.handle_flush_notification("b", LogOffset(0x100, 2))

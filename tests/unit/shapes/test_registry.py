@@ -208,7 +208,7 @@ def test_removing_a_shape_releases_the_flush_boundary_it_held(path: Path) -> Non
     registry.add(shape("fast"))
     registry.add(shape("stuck"))
     durable: list[int] = []
-    tracker = FlushTracker(durable.append, clock=lambda: 0.0)
+    tracker = FlushTracker(lambda lsn, _caught_up: durable.append(lsn), clock=lambda: 0.0)
     registry.on_removed(tracker.handle_shape_removed)
     commit = LogOffset(1000, 3)
     tracker.handle_txn_fragment(CommitFragment(commit), ["fast", "stuck"])

@@ -69,7 +69,8 @@ def setup():  # type: ignore[no-untyped-def]
     notified: list[int] = []
     events: list[str] = []
     tracker = FlushTracker(
-        lambda lsn: (notified.append(lsn), events.append(f"durable:{lsn}")), clock=lambda: 0.0
+        lambda lsn, _caught_up: (notified.append(lsn), events.append(f"durable:{lsn}")),
+        clock=lambda: 0.0,
     )
     collector = ShapeLogCollector(tracker)
     eu = RecordingWriter("eu", events=events)
@@ -224,7 +225,7 @@ def test_removing_a_shape_unblocks_the_boundary(setup) -> None:  # type: ignore[
 def test_a_fenced_shape_skips_what_its_snapshot_holds_and_applies_the_rest() -> None:
     from tidemark.continuity.fence import SnapshotFence
 
-    tracker = FlushTracker(lambda lsn: None, clock=lambda: 0.0)
+    tracker = FlushTracker(lambda lsn, _caught_up: None, clock=lambda: 0.0)
     collector = ShapeLogCollector(tracker)
     writer = RecordingWriter("eu")
     # snapshot at LSN 500: xids < 10 done, 12 in progress, >= 15 not started
@@ -243,7 +244,7 @@ def test_a_fenced_shape_skips_what_its_snapshot_holds_and_applies_the_rest() -> 
 
 
 def test_a_shape_added_mid_transaction_skips_that_transaction() -> None:
-    tracker = FlushTracker(lambda lsn: None, clock=lambda: 0.0)
+    tracker = FlushTracker(lambda lsn, _caught_up: None, clock=lambda: 0.0)
     collector = ShapeLogCollector(tracker)
     collector.handle(ORDERS)
     collector.handle(m.Begin(100, 0, 7))

@@ -70,7 +70,7 @@ class Recording:
 def _collector(general: bool) -> tuple[ShapeLogCollector, dict[str, Recording], list[str]]:
     resyncs: list[str] = []
     collector = ShapeLogCollector(
-        FlushTracker(lambda lsn: None, clock=lambda: 0.0),
+        FlushTracker(lambda lsn, _caught_up: None, clock=lambda: 0.0),
         on_resync=lambda r: resyncs.append(r.shape),
     )
     if general:  # every insert through convert's items, as before the insert path

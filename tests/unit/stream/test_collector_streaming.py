@@ -82,7 +82,7 @@ def shape(name: str, where: str | None = None):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def setup():  # type: ignore[no-untyped-def]
     durable: list[int] = []
-    tracker = FlushTracker(durable.append, clock=lambda: 0.0)
+    tracker = FlushTracker(lambda lsn, _caught_up: durable.append(lsn), clock=lambda: 0.0)
     collector = ShapeLogCollector(tracker)
     eu, everything = StreamWriter("eu"), StreamWriter("everything")
     collector.add_shape(shape("eu", "region = 'eu'"), eu)  # type: ignore[arg-type]
@@ -203,7 +203,7 @@ def test_a_stream_started_again_from_its_first_segment_starts_over(setup) -> Non
 
 
 def test_a_shape_whose_sink_or_snapshot_has_the_transaction_declines_it_at_commit() -> None:
-    tracker = FlushTracker(lambda lsn: None, clock=lambda: 0.0)
+    tracker = FlushTracker(lambda lsn, _caught_up: None, clock=lambda: 0.0)
     collector = ShapeLogCollector(tracker)
     done = StreamWriter("done", committed_lsn=6000)
     fenced, fresh = StreamWriter("f"), StreamWriter("n")
@@ -241,7 +241,7 @@ def test_a_snapshot_is_unusable_while_a_stream_that_changed_its_table_is_in_prog
 
 
 def test_a_shape_added_during_a_stream_gets_the_rest_of_it() -> None:
-    tracker = FlushTracker(lambda lsn: None, clock=lambda: 0.0)
+    tracker = FlushTracker(lambda lsn, _caught_up: None, clock=lambda: 0.0)
     collector = ShapeLogCollector(tracker)
     collector.handle(ORDERS)
     block(collector, 870, first=True)  # the stream has begun, no change of orders yet
