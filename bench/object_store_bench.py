@@ -8,7 +8,7 @@ task slots tidemark gives a root on an object store (``local[8]``).
 Printed per N: ready time, ack lag p50/p99, drain, and the S3 run's p99 against the
 local one's (issue 52's goal: at most 2x at 1000 shapes); then the requests the S3 run
 made per flush round, by kind: Spark's through S3A (its own counters) and tidemark's
-(``tidemark.objectstore``: state files, log entries, listings, footers). Needs
+(``tidemark.state.objectstore``: state files, log entries, listings, footers). Needs
 ``make objectstore`` (S3Proxy's jar, Toxiproxy, the S3A jars).
 
 First, ``e2e``'s bulk workload (1M rows, 10 shapes; ``TIDEMARK_BENCH_E2E_ROWS``, 0 to
@@ -57,7 +57,6 @@ def _s3a_counters(spark: Any) -> dict[str, int]:
 def main() -> list[dict[str, float]]:
     from tests.integration.object_store_support import object_store
 
-    from tidemark import objectstore
     from tidemark.spark import (
         build_session,
         configure_s3a,
@@ -65,6 +64,7 @@ def main() -> list[dict[str, float]]:
         s3a_jars,
         with_s3a,
     )
+    from tidemark.state import objectstore
 
     counts = [int(n) for n in os.environ.get("TIDEMARK_BENCH_SHAPES", "100,1000").split(",") if n]
     print(

@@ -55,10 +55,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _unfenced() -> None:
-    """Each test starts with no leader fence in force (``tidemark.fencing`` is
+    """Each test starts with no leader fence in force (``tidemark.state.fencing`` is
     process-wide: a service run in-process leaves its own, deposed or suspended
     perhaps, which must not refuse the next test's writes)."""
-    from tidemark import fencing
+    from tidemark.state import fencing
 
     fencing.install(fencing.Fence())
 

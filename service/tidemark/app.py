@@ -52,7 +52,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from tidemark import durable, fencing, objectstore, systemd
+from tidemark import systemd
 from tidemark.aio import wait_event
 from tidemark.allocators import return_freed_memory, tune_collector
 from tidemark.api.server import serve
@@ -62,7 +62,6 @@ from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ReplicationError, TidemarkError
 from tidemark.flush import progress as rules
 from tidemark.flush.tracker import FlushTracker
-from tidemark.lease import LeaderLease
 from tidemark.lsn import format_lsn
 from tidemark.observability import Metrics, refresh_metrics
 from tidemark.reload import ReloadPlan, plan_reload
@@ -85,6 +84,8 @@ from tidemark.spark import (
     with_s3a,
 )
 from tidemark.stalls import Stall, StallWatch
+from tidemark.state import durable, fencing, objectstore
+from tidemark.state.lease import LeaderLease
 from tidemark.status.facts import (
     BackfillFacts,
     CollectorFacts,
@@ -199,7 +200,7 @@ class Service:
         # that meets it gives up instead of waiting out the grace period
         self._lease_unconfirmed = asyncio.Event()
         self._fence = fencing.current()
-        self._deposed = asyncio.Event()  # a newer leader took over (tidemark.fencing)
+        self._deposed = asyncio.Event()  # a newer leader took over (tidemark.state.fencing)
         self._deposed_exit: threading.Timer | None = None
         self.consumer = StreamConsumer(self.collector, self.metrics, on_started=self._started)
         self._consume_lock = self.consumer.lock
@@ -454,7 +455,7 @@ class Service:
         log.info("spark.warmed", rounds=rounds, seconds=round(time.monotonic() - started, 2))
 
     async def _stand_by(self) -> bool:
-        """Serve the API as a standby until the leader lease is ours (see tidemark.lease);
+        """Serve the API as a standby until the leader lease is ours (see tidemark.state.lease);
         then end the old leader's walsender and read the state it left. False if
         stopped meanwhile."""
         assert self.lease is not None
@@ -481,7 +482,7 @@ class Service:
         assert self.lease is not None
         await self.lease.take_over_slot()
         # before anything else is read or written: a leader deposed while alive must
-        # find every table marked with a newer epoch than its own (tidemark.fencing)
+        # find every table marked with a newer epoch than its own (tidemark.state.fencing)
         root, instance = self.settings.sink.root, self.settings.instance.name
         epoch = await asyncio.to_thread(fencing.advance, root, _holder_name(), instance)
         # this epoch's fence before the marks: a format whose writes check the fence
@@ -569,7 +570,7 @@ class Service:
             self._lease_unconfirmed.clear()
 
     def _source_stopping(self, reason: str) -> None:
-        """The source is shutting down (tidemark.lease saw it): end the stream, whose
+        """The source is shutting down (tidemark.state.lease saw it): end the stream, whose
         walsender would otherwise hold the server's shutdown until wal_sender_timeout;
         the client connects again once the server is back."""
         if self.client is not None:

@@ -205,7 +205,7 @@ class SinkSettings(_Section):
 
 
 class S3Settings(_Section):
-    """The object store of an ``s3://bucket/prefix`` sink root (``tidemark.objectstore``):
+    """The object store of an ``s3://bucket/prefix`` sink root (``tidemark.state.objectstore``):
     AWS S3 or a store that speaks its API, and honours conditional writes."""
 
     endpoint: str = Field(

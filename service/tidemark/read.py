@@ -41,7 +41,6 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
-from tidemark import objectstore
 from tidemark.errors import SinkError
 from tidemark.lsn import format_lsn, lsn_json
 from tidemark.sink import TableFormat
@@ -50,6 +49,7 @@ from tidemark.sink.fold_arrow import fold_arrow, fold_arrow_onto
 from tidemark.sink.frontiers import load_frontiers
 from tidemark.sink.root import root_format
 from tidemark.sink.schema import LSN, current_schema, spark_schema
+from tidemark.state import objectstore
 
 
 def changelog(spark: Any, root: str | Path, shape: str, tables: TableFormat | None = None) -> Any:

@@ -54,7 +54,6 @@ from tidemark.backfill.runner import (
     run_backfill,
 )
 from tidemark.continuity.store import ContinuityStore
-from tidemark.durable import full_disk
 from tidemark.errors import (
     ConfigError,
     ShapeConflict,
@@ -64,8 +63,6 @@ from tidemark.errors import (
     failure_text,
 )
 from tidemark.flush.tracker import FlushTracker
-from tidemark.instance_state import instance_states, state_dir
-from tidemark.objectstore import join
 from tidemark.replication.catalog import (
     check_partition_publishing,
     has_rows,
@@ -82,6 +79,9 @@ from tidemark.shapes.state import ShapeState, move
 from tidemark.sink import table_format
 from tidemark.sink.port import ChangelogTable, TableFormat
 from tidemark.sink.schema import OP, ColumnSpec, column_specs, table_schema
+from tidemark.state.durable import full_disk
+from tidemark.state.instance_state import instance_states, state_dir
+from tidemark.state.objectstore import join
 from tidemark.stream.collector import ShapeLogCollector
 from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter, TableState

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from tidemark.durable import full_disk
 from tidemark.sink import table_format
 from tidemark.sink.port import RefreshResult, TableFormat
 from tidemark.spark import in_background
+from tidemark.state.durable import full_disk
 from tidemark.writers.job import default_parallelism
 
 if TYPE_CHECKING:

@@ -81,7 +81,7 @@ def rows_of(table: ChangelogTable) -> list[dict[str, object]]:
         return loaded.scan().to_arrow().to_pylist()  # type: ignore[no-any-return]
     from deltalake import DeltaTable
 
-    from tidemark import objectstore
+    from tidemark.state import objectstore
 
     dt = DeltaTable(table.uri, storage_options=objectstore.storage_options(table.uri))
     return dt.to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]

@@ -1,4 +1,4 @@
-"""A leader deposed while alive writes nothing (``tidemark.fencing``).
+"""A leader deposed while alive writes nothing (``tidemark.state.fencing``).
 
 Two ``tidemark run`` processes share a slot and a sink root. The leader's Python process
 is SIGSTOPped while it streams a workload (flush rounds about every 0.3 s, current
@@ -36,8 +36,8 @@ from deltalake import DeltaTable
 
 from tidemark.demo.postgres import free_port
 from tidemark.demo.verify import compare_shape
-from tidemark.fencing import read_epoch
 from tidemark.lsn import format_lsn
+from tidemark.state.fencing import read_epoch
 
 from .conftest import ONE_SERVER, PgDatabase
 from .remote_service import (

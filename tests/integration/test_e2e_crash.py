@@ -22,13 +22,14 @@ from typing import Any
 import psycopg
 from deltalake import DeltaTable
 
-from tidemark import objectstore, read
+from tidemark import read
 from tidemark.demo.postgres import free_port
 from tidemark.demo.verify import compare_shape
 from tidemark.errors import SinkError
 from tidemark.lsn import Lsn
 from tidemark.sink.delta.table import table_path
 from tidemark.sink.root import root_format
+from tidemark.state import objectstore
 
 from .conftest import PgDatabase
 from .remote_service import start_service

@@ -16,7 +16,6 @@ import psycopg
 import pytest
 
 from tests.crashfs import CrashFS, require_crashfs
-from tidemark import fencing
 from tidemark.config import IcebergSettings
 from tidemark.errors import ConfigError, SinkError
 from tidemark.sink import table_format
@@ -24,6 +23,7 @@ from tidemark.sink.iceberg.catalog import forget_catalogs
 from tidemark.sink.iceberg.format import IcebergFormat
 from tidemark.sink.root import claim_root, root_format
 from tidemark.sink.schema import table_schema
+from tidemark.state import fencing
 
 from .conftest import PgDatabase, PgServer
 from .sink_support import rows_of

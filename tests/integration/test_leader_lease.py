@@ -25,9 +25,9 @@ from tidemark import cli
 from tidemark.app import Service
 from tidemark.demo.postgres import free_port
 from tidemark.demo.verify import compare_shape
-from tidemark.lease import LeaderLease, LeaseLost
 from tidemark.lsn import format_lsn
 from tidemark.sink.delta.table import table_path
+from tidemark.state.lease import LeaderLease, LeaseLost
 
 from .conftest import ONE_SERVER, PgDatabase
 from .remote_service import get_json, service_env, start_service, stop_service, tail, wait_shapes

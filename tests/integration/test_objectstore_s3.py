@@ -1,4 +1,4 @@
-"""``tidemark.objectstore`` against a real S3 server (S3Proxy) behind a real proxy.
+"""``tidemark.state.objectstore`` against a real S3 server (S3Proxy) behind a real proxy.
 
 What an ``s3://`` sink root's state files and Delta log entries rest on: a replace is
 refused by the store itself once another writer replaced the object (If-Match on the
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tidemark import objectstore
-from tidemark.objectstore import S3Access, StoreConflict, StoreUnavailable
+from tidemark.state import objectstore
+from tidemark.state.objectstore import S3Access, StoreConflict, StoreUnavailable
 
 from .object_store_support import (
     IDENTITY,

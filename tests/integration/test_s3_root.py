@@ -29,10 +29,11 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from tidemark import objectstore, read
+from tidemark import read
 from tidemark.demo.postgres import free_port
 from tidemark.demo.verify import compare_shape, normalise
 from tidemark.lsn import Lsn
+from tidemark.state import objectstore
 
 from .conftest import PgDatabase
 from .object_store_support import (
@@ -663,7 +664,7 @@ def test_a_leader_deposed_while_alive_on_s3_writes_nothing_and_exits(
     the store refuses its conditional PUTs, its epoch check the rest); it exits with
     1; every shape equals Postgres, no ``(_lsn, _op)`` twice, and every commit after
     the new leader's mark carries its epoch."""
-    from tidemark.fencing import read_epoch
+    from tidemark.state.fencing import read_epoch
 
     from . import test_deposed_leader as deposed
     from .remote_service import service_env, start_service, stop_service, tail, wait_shapes

@@ -29,12 +29,13 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.crashfs import CrashFS, require_crashfs
-from tidemark import durable, read
+from tidemark import read
 from tidemark.api.server import shape_json
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.sink import current, retention
 from tidemark.sink.delta.current import CurrentTable
 from tidemark.sink.delta.table import ShapeTable
+from tidemark.state import durable
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
 from .conftest import PgDatabase, one_server

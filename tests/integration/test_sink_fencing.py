@@ -279,8 +279,8 @@ def test_a_commit_of_an_older_epoch_is_refused_whichever_way_it_is_written(
     (epoch 2) marks the table (``sink.delta.epochs``); every later commit of the old one,
     direct or through the library, is refused before it is written, and the fence
     stays shut for it (``Deposed``)."""
-    from tidemark import fencing
     from tidemark.sink.delta.epochs import mark_tables
+    from tidemark.state import fencing
 
     root = str(tmp_path)
     deposed: list[str] = []
@@ -326,8 +326,8 @@ def test_a_mark_racing_an_older_leaders_commit_makes_it_a_conflict(tmp_path: Pat
     """The old leader read the snapshot before the mark landed: its commit carries the
     same application id as the mark, so the library refuses it (and the mark, if the
     old commit won the race, goes on top of it)."""
-    from tidemark import fencing
     from tidemark.sink.delta.epochs import mark_table
+    from tidemark.state import fencing
 
     root = str(tmp_path)
     try:
@@ -353,7 +353,7 @@ def test_a_mark_racing_an_older_leaders_commit_makes_it_a_conflict(tmp_path: Pat
 
 def _deposed_root(tmp_path: Path) -> str:
     """A sink root whose leader (this process) holds epoch 1."""
-    from tidemark import fencing
+    from tidemark.state import fencing
 
     (tmp_path / "_tidemark").mkdir()
     (tmp_path / "_tidemark" / "leader.json").write_text('{"epoch": 1}')
@@ -365,7 +365,7 @@ def test_a_deposed_leader_writes_no_log_entry_ahead_of_a_commit(tmp_path: Path) 
     """A flush round writes each member's log entry ahead of its commit
     (``ShapeTable.prepare``), as a temp file in ``_delta_log/``; a leader deposed by
     then writes none (a deposed leader's round left three on a CI run)."""
-    from tidemark import fencing
+    from tidemark.state import fencing
 
     try:
         root = _deposed_root(tmp_path)
@@ -390,8 +390,8 @@ def test_a_round_deposed_while_it_prepares_leaves_none_of_its_entries(
     named, and the one it had written for the first member stays where it is (a
     deposed leader removes nothing under the root either) until the next start's
     ``recover_log`` removes it."""
-    from tidemark import fencing
     from tidemark.lsn import LogOffset
+    from tidemark.state import fencing
     from tidemark.writers import group_commit
     from tidemark.writers.buffer import Batch, Rows
 

@@ -64,10 +64,10 @@ from tidemark.api.problems import Problem, problem
 from tidemark.api.shape_view import epoch, iso_time, lsn_json, shape_json
 from tidemark.api.status_page import status_page
 from tidemark.conninfo import redact_text
-from tidemark.durable import full_disk
 from tidemark.errors import ReplicationError, ShapeConflict, ShapeError, TidemarkError
 from tidemark.lsn import Lsn
 from tidemark.shapes.model import ShapeDefinition
+from tidemark.state.durable import full_disk
 
 if TYPE_CHECKING:
     from tidemark.api.port import ServiceView

@@ -58,7 +58,6 @@ import psycopg
 import pyarrow as pa
 import structlog
 
-from tidemark import fencing
 from tidemark.backfill import reader
 from tidemark.backfill.reader import (
     Chunk,
@@ -79,6 +78,7 @@ from tidemark.shapes.model import BoundShape
 from tidemark.shapes.partitions import fingerprint
 from tidemark.sink.files import DataFile
 from tidemark.spark import in_background
+from tidemark.state import fencing
 from tidemark.writers.arrow_batch import snapshot_table
 from tidemark.writers.buffer import SpooledTxn
 from tidemark.writers.job import rewrite_spooled, spool_arrow

@@ -44,8 +44,8 @@ from tidemark.lsn import Lsn, format_lsn, lsn_json
 
 
 def _settings(args: argparse.Namespace, require_dsn: bool = False) -> Settings:
-    from tidemark import objectstore
     from tidemark.config import load_settings
+    from tidemark.state import objectstore
 
     settings = load_settings(args.config, require_dsn=require_dsn)
     # an s3:// root (the settings', or --root's) is reached with [s3]'s endpoint and keys
@@ -634,8 +634,9 @@ def _read_with_spark(
     args: argparse.Namespace, settings: Any, root: str, as_of: int | None, tables: Any
 ) -> Any:
     """The rows through the configured Spark (local, a cluster, or Spark Connect)."""
-    from tidemark import objectstore, read
+    from tidemark import read
     from tidemark.spark import build_session, s3a_jars, with_s3a
+    from tidemark.state import objectstore
 
     cfg = settings.spark
     conf = dict(cfg.conf)

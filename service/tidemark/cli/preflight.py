@@ -16,7 +16,6 @@ from pathlib import Path
 import psycopg
 from pydantic import ValidationError
 
-from tidemark import objectstore
 from tidemark.config import Settings
 from tidemark.conninfo import redact_text
 from tidemark.errors import ConfigError, TidemarkError
@@ -24,6 +23,7 @@ from tidemark.replication import slot as slots
 from tidemark.replication.catalog import validate_shape
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.spark import s3a_jars
+from tidemark.state import objectstore
 
 
 @dataclass(frozen=True, slots=True)

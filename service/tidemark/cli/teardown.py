@@ -28,10 +28,10 @@ import psycopg
 from psycopg import sql
 
 from tidemark.errors import ConfigError, TidemarkError
-from tidemark.lease import APPLICATION_NAME
-from tidemark.objectstore import is_remote
 from tidemark.replication.catalog import check_name
 from tidemark.replication.slot import CREATED_BY
+from tidemark.state.lease import APPLICATION_NAME
+from tidemark.state.objectstore import is_remote
 
 if TYPE_CHECKING:
     from tidemark.config import Settings
@@ -137,9 +137,9 @@ async def make_plan(settings: Settings, purge: bool) -> Plan:
 
 
 def _plan_purge(settings: Settings, plan: Plan) -> None:
-    from tidemark.instance_state import instance_states, state_dir
     from tidemark.shapes.registry import ShapeRegistry
     from tidemark.sink.root import root_format
+    from tidemark.state.instance_state import instance_states, state_dir
 
     if is_remote(settings.sink.root):
         raise ConfigError(

@@ -39,13 +39,13 @@ from typing import Any
 
 import structlog
 
-from tidemark import fencing, objectstore
 from tidemark.continuity.fence import SnapshotFence
 from tidemark.continuity.rule import StreamRecord
 from tidemark.errors import ConfigError
-from tidemark.instance_state import state_dir
 from tidemark.lsn import format_lsn
-from tidemark.objectstore import Location, join
+from tidemark.state import fencing, objectstore
+from tidemark.state.instance_state import state_dir
+from tidemark.state.objectstore import Location, join
 
 log = structlog.get_logger("tidemark.continuity")
 

@@ -46,12 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from tidemark import fencing, objectstore
-from tidemark.durable import remove_stale_temporaries
 from tidemark.errors import ConfigError, ShapeError, TidemarkError
-from tidemark.objectstore import Location, is_remote
 from tidemark.predicates.compiler import predicate_sql
 from tidemark.shapes.model import ShapeDefinition
+from tidemark.state import fencing, objectstore
+from tidemark.state.durable import remove_stale_temporaries
+from tidemark.state.objectstore import Location, is_remote
 
 Origin = Literal["config", "api"]
 FORMAT_VERSION: Final = 1

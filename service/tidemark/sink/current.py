@@ -57,7 +57,6 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
-from tidemark import fencing, objectstore
 from tidemark.errors import SinkError
 from tidemark.jvm import DIRECT_COLUMN
 from tidemark.lsn import format_lsn
@@ -81,6 +80,7 @@ from tidemark.sink.schema import (
     current_schema,
     spark_schema,
 )
+from tidemark.state import fencing, objectstore
 
 log = structlog.get_logger("tidemark.current")
 

@@ -9,7 +9,7 @@ Layout under a changelog's folder (``<root>/tables/<shape>``)::
 Durability: a batch's files are synced (``fdatasync``, with their ``data/<uuid>/`` and
 ``data/`` folders) before the commit that names them (``files_sync``).
 
-On an object store (an ``s3://`` root: ``path`` is then a URI, ``tidemark.objectstore``)
+On an object store (an ``s3://`` root: ``path`` is then a URI, ``tidemark.state.objectstore``)
 Spark writes ``data/<uuid>/`` through S3A in place, each file durable once its upload
 completed, so there is nothing to sync; the files are found by listing the folder and
 described from their footers (in parallel). Spool files stay on local disk
@@ -32,11 +32,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from tidemark import fencing, objectstore
-from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import WriterFenced
 from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
-from tidemark.objectstore import Location, is_remote, join
+from tidemark.state import fencing, objectstore
+from tidemark.state.durable import SyncSet, make_dirs
+from tidemark.state.objectstore import Location, is_remote, join
 
 if TYPE_CHECKING:
     from tidemark.sink.port import ChangelogTable
@@ -82,7 +82,7 @@ class TableFolder:
 
     root: Location
     shape: str
-    path: Location  # a Path, or an s3:// URI (``tidemark.objectstore``)
+    path: Location  # a Path, or an s3:// URI (``tidemark.state.objectstore``)
 
     @property
     def remote(self) -> bool:

@@ -25,11 +25,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from tidemark import fencing, objectstore
 from tidemark.errors import SinkError
-from tidemark.instance_state import instance_states, state_dir
 from tidemark.lsn import format_lsn
-from tidemark.objectstore import Location, join
+from tidemark.state import fencing, objectstore
+from tidemark.state.instance_state import instance_states, state_dir
+from tidemark.state.objectstore import Location, join
 
 FORMAT_VERSION = 1
 

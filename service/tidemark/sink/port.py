@@ -13,7 +13,7 @@ What every format must keep, whatever its commit protocol:
   of its last transaction atomically with its files; ``committed_lsn`` reads it
   back, and ``commit`` skips a batch at or below it (a replay) and refuses one
   overlapping it (``WriterFenced``);
-- **fenced**: every commit carries the leader's epoch (``tidemark.fencing``) and is
+- **fenced**: every commit carries the leader's epoch (``tidemark.state.fencing``) and is
   refused when the table holds a newer one; a concurrent commit is refused by the
   format's own compare-and-swap, then checked again;
 - **durable**: ``commit`` returns once the commit is whole on disk except for what
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from tidemark.durable import SyncSet
     from tidemark.sink.files import DataFile
+    from tidemark.state.durable import SyncSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +157,7 @@ class ChangelogTable(Protocol):
 
     @property
     def root(self) -> Path | str:
-        """The sink root (a path, or an ``s3://`` URI: ``tidemark.objectstore``)."""
+        """The sink root (a path, or an ``s3://`` URI: ``tidemark.state.objectstore``)."""
 
     @property
     def path(self) -> Path | str:

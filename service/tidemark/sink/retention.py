@@ -21,12 +21,12 @@ from typing import Any
 
 import structlog
 
-from tidemark import objectstore
 from tidemark.sink import table_format
 from tidemark.sink.files import DataFile
 from tidemark.sink.folder import write_files
 from tidemark.sink.port import RefreshPoint, RetentionResult, TableFormat
 from tidemark.sink.schema import LSN, spark_schema
+from tidemark.state import objectstore
 
 log = structlog.get_logger("tidemark.current")
 

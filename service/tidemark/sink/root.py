@@ -10,11 +10,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemark import objectstore
 from tidemark.conninfo import redact_dsn
 from tidemark.errors import ConfigError, SinkError
-from tidemark.objectstore import Location, is_remote, join
 from tidemark.sink import TableFormat, table_format
+from tidemark.state import objectstore
+from tidemark.state.objectstore import Location, is_remote, join
 
 if TYPE_CHECKING:
     from tidemark.config import IcebergSettings

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
-from tidemark import fencing
-from tidemark.durable import SyncSet
 from tidemark.errors import SinkError
 from tidemark.sink.files import DataFile
 from tidemark.sink.port import ChangelogTable
+from tidemark.state import fencing
+from tidemark.state.durable import SyncSet
 from tidemark.writers.buffer import Batch
 from tidemark.writers.job import CommitResult, commit_files, prepared_sync, sync_group
 

@@ -32,8 +32,6 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
-from tidemark import fencing
-from tidemark.durable import SyncFailed, SyncSet
 from tidemark.errors import SinkError
 from tidemark.jvm import DIRECT_COLUMN
 from tidemark.sink.files import DataFile
@@ -41,6 +39,8 @@ from tidemark.sink.folder import write_files, writes_in_place
 from tidemark.sink.port import ChangelogTable
 from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema, table_schema
 from tidemark.spark import arrow_parts, is_connect, readable_path
+from tidemark.state import fencing
+from tidemark.state.durable import SyncFailed, SyncSet
 from tidemark.writers.arrow_batch import PG_EPOCH_US, build_table
 from tidemark.writers.buffer import Batch, Rows, SpooledTxn
 

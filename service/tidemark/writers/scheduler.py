@@ -49,11 +49,11 @@ from typing import Any
 
 import structlog
 
-from tidemark import fencing, objectstore
 from tidemark.aio import wait_event
-from tidemark.durable import full_disk
 from tidemark.errors import UnfitValue, WriterFenced, failure_text
 from tidemark.sink.files import DataFile
+from tidemark.state import fencing, objectstore
+from tidemark.state.durable import full_disk
 from tidemark.writers.buffer import Batch, Delivery, Rows, Spooled, StreamPart
 from tidemark.writers.cadence import Cadence, round_share
 from tidemark.writers.group_commit import group_commit

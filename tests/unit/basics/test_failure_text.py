@@ -3,8 +3,8 @@ and the store's advice for S3A's failures."""
 
 from __future__ import annotations
 
-from tidemark import objectstore
 from tidemark.errors import failure_text
+from tidemark.state import objectstore
 
 JAVA = (
     "An error occurred while calling o409.parquet.\n"

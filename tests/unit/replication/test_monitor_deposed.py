@@ -1,4 +1,4 @@
-"""The replication monitor of a leader deposed while alive (``tidemark.fencing``): the
+"""The replication monitor of a leader deposed while alive (``tidemark.state.fencing``): the
 slot's confirmed position is the new leader's, beyond the old one's durable frontier by
 right, and is not reported as a violation of "nothing acknowledged early"."""
 

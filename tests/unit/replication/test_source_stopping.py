@@ -1,4 +1,4 @@
-"""What tells tidemark its source is shutting down (``tidemark.lease.source_stopping``):
+"""What tells tidemark its source is shutting down (``tidemark.state.lease.source_stopping``):
 then it ends its stream, whose walsender would hold the server's shutdown."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import psycopg.errors
 
-from tidemark.lease import source_stopping
+from tidemark.state.lease import source_stopping
 
 
 def test_the_servers_own_shutdown_messages_say_so() -> None:

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from tidemark import fencing
 from tidemark.errors import SinkError
 from tidemark.sink.delta import table as delta_table
 from tidemark.sink.delta.table import GENERATION_PREFIX, ShapeTable
 from tidemark.sink.files import DataFile, describe_file
+from tidemark.state import fencing
 
 SCHEMA = pa.schema(
     [("id", pa.int64()), ("name", pa.string()), ("_lsn", pa.int64()), ("_op", pa.int32())]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark import fencing
 from tidemark.sink.iceberg.io import SyncedFileIO
+from tidemark.state import fencing
 
 
 @pytest.fixture

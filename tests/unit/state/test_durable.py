@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark import durable
+from tidemark.state import durable
 
 
 @pytest.fixture(params=["renameat2", "link"])

@@ -1,4 +1,4 @@
-"""The fence of one process (``tidemark.fencing``): the epoch file, deposed, suspended."""
+"""The fence of one process (``tidemark.state.fencing``): the epoch file, deposed, suspended."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark import fencing
+from tidemark.state import fencing
 
 
 def test_each_new_leader_raises_the_epoch_by_one(tmp_path: Path) -> None:
@@ -224,7 +224,7 @@ def test_a_suspended_writer_finds_a_newer_leader_without_the_lease_task(
 def test_a_state_file_is_not_replaced_by_a_leader_deposed_while_it_synced(
     tmp_path: Path,
 ) -> None:
-    from tidemark.durable import write_atomically
+    from tidemark.state.durable import write_atomically
 
     root = tmp_path / "lake"
     fence = fencing.Fence(root, fencing.advance(root, "old"))

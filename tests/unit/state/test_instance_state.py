@@ -9,8 +9,8 @@ import pytest
 
 from tidemark.config import Settings
 from tidemark.errors import ConfigError
-from tidemark.instance_state import instance_states, state_dir
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, load_frontiers, store_frontiers
+from tidemark.state.instance_state import instance_states, state_dir
 
 
 def test_the_unnamed_instance_keeps_the_round_one_folder(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark import objectstore
-from tidemark.objectstore import join, split
+from tidemark.state import objectstore
+from tidemark.state.objectstore import join, split
 
 
 def test_join_keeps_an_s3_uri_whole_and_a_local_root_a_path(tmp_path: Path) -> None:

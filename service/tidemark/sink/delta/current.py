@@ -19,13 +19,13 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import RemoveAction
 
-from tidemark import fencing, objectstore
-from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
 from tidemark.sink.current import CURRENT_DIR, bucket_of_path, current_path, point_of
 from tidemark.sink.delta.log import add_action, entries_sync, recover_log
 from tidemark.sink.files import DataFile
 from tidemark.sink.port import Pinned, RefreshPoint
+from tidemark.state import fencing, objectstore
+from tidemark.state.durable import SyncSet, make_dirs
 
 HISTORY_PROBE = 20  # commits read back to find the newest refresh
 

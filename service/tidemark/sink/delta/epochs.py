@@ -1,4 +1,4 @@
-"""The leader's epoch mark on every table under the sink root (see ``tidemark.fencing``):
+"""The leader's epoch mark on every table under the sink root (see ``tidemark.state.fencing``):
 a Delta commit holding only the application transaction ``tidemark-epoch``, made by a
 new leader before it writes anything else, so that a commit of an older leader built
 on an earlier snapshot is refused (it carries the same application id: a conflict) and
@@ -15,11 +15,11 @@ import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 
-from tidemark import objectstore
 from tidemark.errors import SinkError
-from tidemark.fencing import EPOCH_APP, table_epoch
-from tidemark.objectstore import Location
 from tidemark.sink.delta.log import entries_sync, recover_log
+from tidemark.state import objectstore
+from tidemark.state.fencing import EPOCH_APP, table_epoch
+from tidemark.state.objectstore import Location
 
 log = structlog.get_logger("tidemark.sink.epochs")
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from tidemark import fencing, objectstore
 from tidemark.sink import current, retention
 from tidemark.sink.current import current_path
 from tidemark.sink.delta import epochs
@@ -25,6 +24,7 @@ from tidemark.sink.delta.current import CurrentTable
 from tidemark.sink.delta.log import entries_sync
 from tidemark.sink.delta.table import ShapeTable, set_aside, table_path
 from tidemark.sink.port import ChangelogTable
+from tidemark.state import fencing, objectstore
 
 
 class DeltaFormat(current.Refreshing):

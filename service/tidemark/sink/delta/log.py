@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import structlog
 from deltalake.transaction import AddAction
 
-from tidemark.durable import SyncSet, sync_folder
 from tidemark.errors import TableDamaged
 from tidemark.sink.files import DataFile
+from tidemark.state.durable import SyncSet, sync_folder
 
 log = structlog.get_logger("tidemark.sink")
 

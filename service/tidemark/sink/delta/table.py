@@ -58,7 +58,7 @@ if absent, and its head is known at once (version 0, no files). Only entries who
 protocol asks nothing of a writer are kept. At 1000 new shapes the library's creation
 and backfill commit (with the reads of the log around them) were most of the start.
 
-Durability (``tidemark.durable``): a commit's files are synced (``fdatasync``, with
+Durability (``tidemark.state.durable``): a commit's files are synced (``fdatasync``, with
 their ``data/<uuid>/`` and ``data/`` folders) before the entry that names them is
 written; an entry written directly is synced before it gets its name, and its
 ``_delta_log/`` folder after (by the caller: a flush round syncs the folders of all
@@ -99,15 +99,15 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import RemoveAction
 
-from tidemark import fencing, objectstore
-from tidemark.durable import SyncSet, make_dirs, publish_new, write_synced
 from tidemark.errors import SinkError, TableDamaged
-from tidemark.objectstore import Location, is_remote, join
 from tidemark.sink.delta.log import add_action, add_entry, entries_sync, recover_log
 from tidemark.sink.files import DataFile
 from tidemark.sink.folder import TableFolder, holds, move_aside
 from tidemark.sink.port import ChangelogFile, ChangelogView, CommitRecord
 from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
+from tidemark.state import fencing, objectstore
+from tidemark.state.durable import SyncSet, make_dirs, publish_new, write_synced
+from tidemark.state.objectstore import Location, is_remote, join
 
 log = structlog.get_logger("tidemark.sink")
 
@@ -591,7 +591,7 @@ class ShapeTable(TableFolder):
             txn = {"appId": app_id, "version": version, "lastUpdated": now}
             lines.append(json.dumps({"txn": txn}, separators=(",", ":")))
         epoch = fencing.current().epoch
-        if epoch is not None:  # the leader's mark (tidemark.fencing)
+        if epoch is not None:  # the leader's mark (tidemark.state.fencing)
             mark = {"appId": fencing.current().app_id, "version": epoch, "lastUpdated": now}
             lines.append(json.dumps({"txn": mark}, separators=(",", ":")))
         return ("\n".join(lines) + "\n").encode()

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from tidemark import objectstore
 from tidemark.conninfo import redact_dsn, redact_text
-from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
+from tidemark.state import objectstore
+from tidemark.state.durable import SyncSet, make_dirs
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import structlog
 
-from tidemark import fencing, objectstore
-from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError
 from tidemark.sink.current import CURRENT_DIR, bucket_of_path, current_path, point_of
 from tidemark.sink.files import DataFile
@@ -37,6 +35,8 @@ from tidemark.sink.iceberg.table import (
 )
 from tidemark.sink.port import Pinned, RefreshPoint
 from tidemark.sink.schema import primary_key_of, with_primary_key
+from tidemark.state import fencing, objectstore
+from tidemark.state.durable import SyncSet, make_dirs
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

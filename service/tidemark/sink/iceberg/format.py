@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from tidemark import fencing, objectstore
 from tidemark.errors import SinkError
 from tidemark.sink import current, retention
 from tidemark.sink.current import current_path
@@ -29,6 +28,7 @@ from tidemark.sink.iceberg.catalog import open_catalog
 from tidemark.sink.iceberg.current import IcebergCurrent
 from tidemark.sink.iceberg.table import IcebergChangelog, expire, remove_unreferenced
 from tidemark.sink.port import ChangelogTable
+from tidemark.state import fencing, objectstore
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -4,7 +4,7 @@ A commit through a catalog writes its manifests, manifest list and table metadat
 file, then swaps the catalog's pointer to that metadata (a row in the SQL catalog,
 which syncs its own commit). pyiceberg opens each file when it starts encoding it and
 syncs none of them. This IO keeps what pyiceberg writes in memory until the stream is
-closed; then it checks the fence (``tidemark.fencing``), writes the file, and syncs it
+closed; then it checks the fence (``tidemark.state.fencing``), writes the file, and syncs it
 and its folder (``fsync``), so that:
 
 - everything a pointer names is on disk before the pointer moves (after a power loss
@@ -35,7 +35,7 @@ from typing import Any
 from pyiceberg.io import InputFile, OutputFile
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
-from tidemark import durable, fencing, objectstore
+from tidemark.state import durable, fencing, objectstore
 
 
 class _WholeAtClose:
@@ -109,7 +109,7 @@ def _fsync(path: str) -> None:
 
 class _SyncedFile(PyArrowFile):
     def create(self, overwrite: bool = False) -> Any:
-        # (a deposed leader does not even start encoding: ``tidemark.fencing``)
+        # (a deposed leader does not even start encoding: ``tidemark.state.fencing``)
         fencing.check()
         if not overwrite and self.exists():
             raise FileExistsError(f"Cannot create file, already exists: {self.location}")

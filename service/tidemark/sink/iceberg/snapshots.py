@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
-from tidemark import fencing
 from tidemark.errors import SinkError
+from tidemark.state import fencing
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile as IcebergFile

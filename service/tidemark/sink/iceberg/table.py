@@ -38,16 +38,16 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import structlog
 
-from tidemark import fencing, objectstore
-from tidemark.durable import SyncSet, make_dirs
 from tidemark.errors import SinkError, TableDamaged
-from tidemark.objectstore import Location, is_remote, join
 from tidemark.sink.files import DataFile
 from tidemark.sink.folder import TableFolder, holds
 from tidemark.sink.iceberg import snapshots
 from tidemark.sink.iceberg.snapshots import GENERATION, OFFSET, RETAINED
 from tidemark.sink.port import ChangelogFile, ChangelogView, CommitRecord
 from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
+from tidemark.state import fencing, objectstore
+from tidemark.state.durable import SyncSet, make_dirs
+from tidemark.state.objectstore import Location, is_remote, join
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

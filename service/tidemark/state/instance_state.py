@@ -5,7 +5,7 @@ An instance's state files (the shapes registry, the claims and the stream record
 folder: ``<root>/_tidemark`` for the unnamed instance, and
 ``<root>/_tidemark/instances/<name>`` for an instance with an ``[instance] name``.
 
-Locations only (a local path, or an ``s3://`` URI: ``tidemark.objectstore``), so the
+Locations only (a local path, or an ``s3://`` URI: ``tidemark.state.objectstore``), so the
 state's owners (continuity, sink, shapes) all depend on it and on nothing of each
 other's for it.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidemark.objectstore import Location, is_remote, join, listing
+from tidemark.state.objectstore import Location, is_remote, join, listing
 
 
 def state_dir(root: Location, instance: str = "") -> Location:

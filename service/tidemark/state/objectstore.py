@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from tidemark import durable
 from tidemark.errors import SinkError
+from tidemark.state import durable
 
 Location = str | Path
 SCHEME: Final = "s3://"

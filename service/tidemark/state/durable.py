@@ -351,7 +351,7 @@ def write_atomically(
     path: Path, data: str | bytes, *, check: Callable[[], None] | None = None
 ) -> None:
     """Replace ``path`` with ``data``, synced: a reader (and a power loss) sees the old
-    file or the new one whole. ``check`` (a fence: ``tidemark.fencing.check``) is called
+    file or the new one whole. ``check`` (a fence: ``tidemark.state.fencing.check``) is called
     before anything is written and again once the data is synced, right before the
     rename: a process paused while it wrote or synced (a leader deposed meanwhile)
     raises there and replaces nothing."""

@@ -1,6 +1,6 @@
 """The fencing token: a leader deposed while alive writes nothing under the sink root.
 
-The lease (``tidemark.lease``) says who should lead; it cannot stop a leader that lost
+The lease (``tidemark.state.lease``) says who should lead; it cannot stop a leader that lost
 it without noticing (cut off from Postgres only, a VM frozen longer than the lease
 check, a session ended by the server): its threads finish what they were doing and its
 event loop resumes. The *epoch* stops it:
@@ -22,7 +22,7 @@ event loop resumes. The *epoch* stops it:
   and the write is not covered: the bound on those writes is the lease deadline below
   for a leader that runs, and nothing for one frozen exactly there (documented). On an
   object store (an ``s3://`` root) the state files are replaced only if unchanged since
-  this process read them (``If-Match``: ``tidemark.objectstore``), so there the store
+  this process read them (``If-Match``: ``tidemark.state.objectstore``), so there the store
   refuses a deposed leader's state write whatever the pause, and ``leader.json`` is
   read at most every ``EPOCH_POLL_S`` (each read is a request);
 - a leader that cannot confirm its lease within ``[lease] deadline_s`` suspends every
@@ -51,9 +51,9 @@ from typing import Any, Final
 
 import structlog
 
-from tidemark import objectstore
 from tidemark.errors import SinkError, TidemarkError
-from tidemark.objectstore import Location, join
+from tidemark.state import objectstore
+from tidemark.state.objectstore import Location, join
 
 log = structlog.get_logger("tidemark.fencing")
 

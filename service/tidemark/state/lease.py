@@ -13,7 +13,7 @@ Protocol of an instance:
 2. Lease taken: a walsender of the old leader may still hold the slot (a host cut
    off, a backend that has not noticed its client died): it is ended with
    ``pg_terminate_backend`` and the slot is awaited until free.
-3. Lead: the epoch is raised and every table marked with it (``tidemark.fencing``),
+3. Lead: the epoch is raised and every table marked with it (``tidemark.state.fencing``),
    then the durable state under the sink root is read (what the old leader left), and
    the service starts from the slot's position as after any restart. The lease
    connection is checked every ``check_s``, each check bounded so that the last
@@ -27,7 +27,7 @@ Protocol of an instance:
    supervisor restarts it as a standby).
 4. A leader deposed while alive and frozen past all of the above is stopped by the
    epoch: the new leader raised it and marked every table before writing, so the old
-   one's commits are refused and its next other write finds it (``tidemark.fencing``).
+   one's commits are refused and its next other write finds it (``tidemark.state.fencing``).
 """
 
 from __future__ import annotations
