@@ -50,7 +50,7 @@ def _copy_to_devnull(pg: EmbeddedPostgres, query: str) -> float:
 
 async def _backfill(pg: EmbeddedPostgres, spark: Any, root: Path, run: int) -> tuple[float, int]:
     from tidemark.app import Service
-    from tidemark.config import Settings
+    from tidemark.settings.config import Settings
 
     settings = Settings.model_validate(
         {

@@ -190,7 +190,7 @@ def _recvlogical(pg: EmbeddedPostgres, slot: str, end_lsn: int) -> tuple[float, 
 
 def _settings(pg: EmbeddedPostgres, root: Path | str, extra: dict[str, Any] | None = None) -> Any:
     """The bench's settings; ``extra``: sections to add (``s3``, ``current``)."""
-    from tidemark.config import Settings
+    from tidemark.settings.config import Settings
 
     return Settings.model_validate(
         (extra or {})

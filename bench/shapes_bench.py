@@ -48,7 +48,7 @@ WARM = os.environ.get("TIDEMARK_BENCH_WARM", "1") != "0"
 def _settings(
     pg: EmbeddedPostgres, db: str, root: Path | str, shapes: int, extra: dict[str, Any]
 ) -> Any:
-    from tidemark.config import Settings
+    from tidemark.settings.config import Settings
 
     data: dict[str, Any] = {
         "source": {"dsn": pg.dsn(db), "slot": f"bench_{db}", "publication": "grp_pub"},

@@ -28,7 +28,7 @@ SHAPES = 4
 
 
 def _settings(pg: EmbeddedPostgres, root: Path, slot: str, streaming: bool) -> Any:
-    from tidemark.config import Settings
+    from tidemark.settings.config import Settings
 
     return Settings.model_validate(
         {

@@ -7,7 +7,7 @@ from the running code, so the reference cannot drift from it:
     every command of ``tidemark.cli.parser()`` (argparse, subcommands walked
     recursively): its usage line and a table of its arguments.
 ``settings``
-    every section of ``tidemark.config.Settings`` (pydantic): key, environment
+    every section of ``tidemark.settings.config.Settings`` (pydantic): key, environment
     variable, type and limits, default, description.
 ``metrics``
     every metric family of ``tidemark.observability.Metrics`` (a fresh registry; the
@@ -339,7 +339,7 @@ def _description(dotted: str, field: Any, reloadable: set[str]) -> str:
     text = field.description or _MORE.get(dotted, "")
     if field.description and dotted in _MORE:
         raise PluginError(
-            f"settings key {dotted} now has a description in tidemark/config.py: remove "
+            f"settings key {dotted} now has a description in tidemark/settings/config.py: remove "
             "its entry from _MORE in docs/hooks.py"
         )
     text = _prose(text) if text else ""
@@ -391,14 +391,14 @@ def _check_more(settings: type[Any]) -> None:
             model = _list_item_model(annotation) or annotation
         if key not in model.model_fields:
             raise PluginError(
-                f"docs/hooks.py describes settings key {dotted}, which tidemark/config.py "
+                f"docs/hooks.py describes settings key {dotted}, which tidemark/settings/config.py "
                 "no longer has: remove or rename its entry in _MORE"
             )
 
 
 def settings_markdown() -> str:
     """Every settings section, its keys, and the variables that set them."""
-    config = _tidemark("tidemark.config")
+    config = _tidemark("tidemark.settings.config")
     reloadable = set(_tidemark("tidemark.reload").RELOADABLE)
     settings = config.Settings
     prefix = settings.model_config.get("env_prefix", "")

@@ -56,7 +56,6 @@ from tidemark import systemd
 from tidemark.aio import wait_event
 from tidemark.allocators import return_freed_memory, tune_collector
 from tidemark.api.server import serve
-from tidemark.config import Settings, load_settings
 from tidemark.continuity.guard import ContinuityGuard
 from tidemark.continuity.store import ContinuityStore
 from tidemark.errors import ReplicationError, TidemarkError
@@ -70,6 +69,7 @@ from tidemark.replication.client import ReplicationClient, SourceConfig
 from tidemark.replication.monitor import ReplicationMonitor, ReplicationSample, Violation
 from tidemark.replication.observe import observe_stream
 from tidemark.replication.protocol import StreamStarted
+from tidemark.settings.config import Settings, load_settings
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapes.state import ShapeState
 from tidemark.shapeset import ShapeSet, ShapeStatus

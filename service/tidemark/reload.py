@@ -32,8 +32,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tidemark.config import Settings
 from tidemark.errors import ConfigError, ShapeError
+from tidemark.settings.config import Settings
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapes.registry import RegisteredShape, same_shape
 from tidemark.writers.scheduler import FlushPolicy

@@ -87,7 +87,7 @@ from tidemark.writers.scheduler import FlushScheduler
 from tidemark.writers.writer import ShapeWriter, TableState
 
 if TYPE_CHECKING:
-    from tidemark.config import Settings
+    from tidemark.settings.config import Settings
 
 log = structlog.get_logger("tidemark.shapes")
 

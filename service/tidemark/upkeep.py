@@ -41,8 +41,8 @@ from tidemark.state.durable import full_disk
 from tidemark.writers.job import default_parallelism
 
 if TYPE_CHECKING:
-    from tidemark.config import Settings
     from tidemark.observability import Metrics
+    from tidemark.settings.config import Settings
     from tidemark.writers.scheduler import FlushScheduler
 
 log = structlog.get_logger("tidemark.upkeep")

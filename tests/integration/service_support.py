@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 
 from tidemark.app import Service
-from tidemark.config import Settings
 from tidemark.lsn import Lsn
+from tidemark.settings.config import Settings
 
 
 def settings_for(dsn: str, root: str, shapes: list[dict[str, Any]], **extra: Any) -> Settings:

@@ -41,8 +41,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
 from tidemark.app import Service
-from tidemark.config import Settings, load_settings
 from tidemark.demo.postgres import free_port
+from tidemark.settings.config import Settings, load_settings
 
 from .conftest import PgDatabase
 

@@ -38,10 +38,10 @@ import psycopg
 import pytest
 
 from tidemark.app import Service
-from tidemark.config import Settings
 from tidemark.demo.postgres import PASSWORD, ROLE, EmbeddedPostgres, pg18_bin_dir
 from tidemark.errors import ReplicationError, StreamGapError
 from tidemark.lsn import Lsn, format_lsn
+from tidemark.settings.config import Settings
 
 from .fork_support import (
     confirmed,

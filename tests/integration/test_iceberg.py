@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from tests.crashfs import CrashFS, require_crashfs
-from tidemark.config import IcebergSettings
 from tidemark.errors import ConfigError, SinkError
+from tidemark.settings.config import IcebergSettings
 from tidemark.sink import table_format
 from tidemark.sink.iceberg.catalog import forget_catalogs
 from tidemark.sink.iceberg.format import IcebergFormat

@@ -257,7 +257,7 @@ def _table(root: str, catalog: str) -> Any:
         from tidemark.sink.delta.table import ShapeTable
 
         return ShapeTable(root, SHAPE)
-    from tidemark.config import IcebergSettings
+    from tidemark.settings.config import IcebergSettings
     from tidemark.sink.iceberg.format import IcebergFormat
 
     return IcebergFormat(IcebergSettings(catalog_uri=catalog)).changelog(root, SHAPE)

@@ -18,8 +18,8 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from tidemark.config import load_settings
 from tidemark.demo.verify import compare_shape
+from tidemark.settings.config import load_settings
 
 from .conftest import PgDatabase
 from .service_support import current_lsn, running_service, wait_frontiers

@@ -19,9 +19,9 @@ from tidemark.status.facts import (
 )
 
 if TYPE_CHECKING:
-    from tidemark.config import Settings
     from tidemark.observability import Metrics
     from tidemark.replication.monitor import ReplicationSample, Violation
+    from tidemark.settings.config import Settings
     from tidemark.shapes.model import ShapeDefinition
     from tidemark.shapeset import ShapeStatus
     from tidemark.stalls import Stall

@@ -38,13 +38,13 @@ from tidemark.cli.args import (
     url_arg,
     wait_seconds,
 )
-from tidemark.config import Settings
 from tidemark.errors import ConfigError, TidemarkError
 from tidemark.lsn import Lsn, format_lsn, lsn_json
+from tidemark.settings.config import Settings
 
 
 def _settings(args: argparse.Namespace, require_dsn: bool = False) -> Settings:
-    from tidemark.config import load_settings
+    from tidemark.settings.config import load_settings
     from tidemark.state import objectstore
 
     settings = load_settings(args.config, require_dsn=require_dsn)
@@ -180,7 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     from tidemark.cli.preflight import run_checks
-    from tidemark.config import explain
+    from tidemark.settings.config import explain
 
     settings = _settings(args, require_dsn=True)
     print(explain(settings, args.config))

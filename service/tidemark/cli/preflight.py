@@ -16,11 +16,11 @@ from pathlib import Path
 import psycopg
 from pydantic import ValidationError
 
-from tidemark.config import Settings
 from tidemark.conninfo import redact_text
 from tidemark.errors import ConfigError, TidemarkError
 from tidemark.replication import slot as slots
 from tidemark.replication.catalog import validate_shape
+from tidemark.settings.config import Settings
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.spark import s3a_jars
 from tidemark.state import objectstore

@@ -34,7 +34,7 @@ from tidemark.state.lease import APPLICATION_NAME
 from tidemark.state.objectstore import is_remote
 
 if TYPE_CHECKING:
-    from tidemark.config import Settings
+    from tidemark.settings.config import Settings
 
 
 class TeardownRefused(TidemarkError):

@@ -130,9 +130,9 @@ def run_demo(
     port: int = 8765,
     table_format: str = "delta",
 ) -> int:
-    from tidemark.config import Settings
     from tidemark.demo.postgres import EmbeddedPostgres
     from tidemark.observability import configure_logging
+    from tidemark.settings.config import Settings
     from tidemark.spark import build_session
 
     configure_logging("console", "warning")

@@ -16,7 +16,7 @@ from tidemark.errors import ConfigError
 from tidemark.sink.port import ChangelogTable, TableFormat
 
 if TYPE_CHECKING:
-    from tidemark.config import IcebergSettings
+    from tidemark.settings.config import IcebergSettings
 
 FORMATS = ("delta", "iceberg")
 

@@ -17,7 +17,7 @@ from tidemark.state import objectstore
 from tidemark.state.objectstore import Location, is_remote, join
 
 if TYPE_CHECKING:
-    from tidemark.config import IcebergSettings
+    from tidemark.settings.config import IcebergSettings
 
 FORMAT_FILE = "_tidemark/format.json"
 CATALOG_ENV = "TIDEMARK_ICEBERG__CATALOG_URI"
@@ -71,7 +71,7 @@ def root_format(root: Location, catalog_uri: str | None = None) -> TableFormat:
     name = record.get("format") or "delta"
     if name != "iceberg":
         return table_format(name)
-    from tidemark.config import IcebergSettings
+    from tidemark.settings.config import IcebergSettings
 
     uri = catalog_uri or os.environ.get(CATALOG_ENV) or record.get("catalog_uri") or ""
     if "***" in uri:

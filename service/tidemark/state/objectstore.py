@@ -127,7 +127,7 @@ class S3Access:
 
     @classmethod
     def from_settings(cls, s3: Any) -> S3Access:
-        """From ``[s3]`` (``tidemark.config.S3Settings``: not imported, config is above)."""
+        """From ``[s3]`` (``tidemark.settings.config.S3Settings``: not imported, it is above)."""
         secret = s3.secret_access_key.get_secret_value()
         return cls(
             endpoint=s3.endpoint,

@@ -32,8 +32,8 @@ from tidemark.api.paging import MAX_LIMIT, BadQuery, ShapeQuery
 from tidemark.api.server import MAX_WAIT_S, build_app
 from tidemark.api.shape_view import SHAPE_STATES, epoch, iso_time, time_json
 from tidemark.cli import _check
-from tidemark.config import Settings
 from tidemark.errors import TidemarkError
+from tidemark.settings.config import Settings
 
 TOKEN = "unit-token"
 METHODS = ("get", "put", "post", "delete", "patch", "options", "head", "trace")

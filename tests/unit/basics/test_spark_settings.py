@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from tidemark import jvm
-from tidemark.config import load_settings
 from tidemark.demo.postgres import free_port
 from tidemark.errors import ConfigError
+from tidemark.settings.config import load_settings
 from tidemark.spark import (
     CONNECT_CONF,
     CONNECT_JOB_BYTES,

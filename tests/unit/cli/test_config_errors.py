@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tidemark import cli
-from tidemark.config import Settings, load_settings
 from tidemark.errors import ConfigError
+from tidemark.settings.config import Settings, load_settings
 
 
 @pytest.fixture(autouse=True)

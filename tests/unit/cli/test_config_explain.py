@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.config import explain, load_settings
+from tidemark.settings.config import explain, load_settings
 
 FILE = """
 [source]

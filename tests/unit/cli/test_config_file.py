@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tidemark import cli
-from tidemark.config import load_settings
 from tidemark.errors import ConfigError
+from tidemark.settings.config import load_settings
 
 
 def test_a_file_that_is_not_toml_is_a_config_error_naming_the_file_and_the_place(

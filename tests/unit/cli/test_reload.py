@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from tidemark.config import Settings
 from tidemark.errors import ConfigError
 from tidemark.reload import plan_reload
+from tidemark.settings.config import Settings
 from tidemark.shapes.model import ShapeDefinition
 from tidemark.shapes.registry import RegisteredShape
 from tidemark.writers.scheduler import FlushPolicy

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tidemark.cli.preflight import shape_problems, sink_root_problem
-from tidemark.config import Settings
+from tidemark.settings.config import Settings
 
 
 def run(config: Path) -> tuple[int, str, float]:

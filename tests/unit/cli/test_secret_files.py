@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from tidemark.config import explain, load_settings
 from tidemark.errors import ConfigError
 from tidemark.reload import plan_reload
+from tidemark.settings.config import explain, load_settings
 from tidemark.writers.scheduler import FlushPolicy
 
 

@@ -34,9 +34,9 @@ from tests.systemd_env import systemd_env_file
 from tests.systemd_env import unit_entries as systemd_unit_entries
 
 from tidemark import cli, exit_reason
-from tidemark.config import Settings, load_settings
 from tidemark.errors import ConfigError
 from tidemark.observability import Metrics
+from tidemark.settings.config import Settings, load_settings
 from tidemark.shapes.model import ShapeDefinition
 
 REPO = Path(__file__).resolve().parents[3]

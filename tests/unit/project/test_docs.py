@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import sqlglot
 
-from tidemark.config import load_settings
+from tidemark.settings.config import load_settings
 from tidemark.sink.schema import METADATA_FIELDS
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field
 from tests.promql import alert_rules
 
 from tidemark.cli import parser
-from tidemark.config import Settings, load_settings
 from tidemark.observability import Metrics
+from tidemark.settings.config import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[3]
 MONITORING = ROOT / "docs" / "guides" / "monitoring.md"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tidemark.config import load_settings
+from tidemark.settings.config import load_settings
 from tidemark.shapes.model import ShapeDefinition
 
 REPO = Path(__file__).resolve().parents[3]

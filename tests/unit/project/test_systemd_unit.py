@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from tests.systemd_env import systemd_env_file
 from tests.systemd_env import unit_entries as systemd_unit_entries
 
-from tidemark.config import Settings, is_loopback, load_settings
+from tidemark.settings.config import Settings, is_loopback, load_settings
 from tidemark.shapes.model import ShapeDefinition
 
 REPO = Path(__file__).resolve().parents[3]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tidemark.config import Settings
 from tidemark.errors import TidemarkError
 from tidemark.replication.slot import create_slot_command
+from tidemark.settings.config import Settings
 
 
 def test_a_plain_slot_exports_no_snapshot() -> None:

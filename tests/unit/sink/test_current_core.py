@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tidemark.config import Settings
 from tidemark.observability import Metrics
+from tidemark.settings.config import Settings
 from tidemark.sink import current
 from tidemark.sink.current import bucket_dir, bucket_of_path
 from tidemark.sink.port import ChangelogFile, ChangelogView, RefreshPoint

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.config import Settings
 from tidemark.errors import ConfigError
+from tidemark.settings.config import Settings
 from tidemark.sink.frontiers import Frontiers, ShapeFrontier, load_frontiers, store_frontiers
 from tidemark.state.instance_state import instance_states, state_dir
 

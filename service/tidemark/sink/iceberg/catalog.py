@@ -27,7 +27,7 @@ from tidemark.state.durable import SyncSet, make_dirs
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
-    from tidemark.config import IcebergSettings
+    from tidemark.settings.config import IcebergSettings
 
 log = structlog.get_logger("tidemark.sink.iceberg")
 
@@ -41,7 +41,7 @@ _catalogs: dict[tuple[str, str, str], Catalog] = {}
 
 def catalog_uri(root: str | Path, uri: str = "") -> str:
     """The catalog's URI as given, or the default SQLite file under ``root`` (a local
-    root only: ``tidemark.config`` asks for a catalog with an object-store root)."""
+    root only: ``tidemark.settings.config`` asks for a catalog with an object-store root)."""
     if uri:
         return uri
     if objectstore.is_remote(root):

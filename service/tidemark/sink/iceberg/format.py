@@ -33,7 +33,7 @@ from tidemark.state import fencing, objectstore
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
-    from tidemark.config import IcebergSettings
+    from tidemark.settings.config import IcebergSettings
 
 log = structlog.get_logger("tidemark.sink.iceberg")
 
@@ -47,7 +47,7 @@ class IcebergFormat(current.Refreshing):
 
     def __init__(self, settings: IcebergSettings | None = None) -> None:
         if settings is None:
-            from tidemark.config import IcebergSettings
+            from tidemark.settings.config import IcebergSettings
 
             settings = IcebergSettings()
         self.settings = settings

@@ -53,7 +53,7 @@ from pydantic_settings.exceptions import SettingsError
 from tidemark.conninfo import redact_dsn, redact_text
 from tidemark.errors import ConfigError
 from tidemark.replication.catalog import check_name
-from tidemark.settings_problems import check_environment, explain_json_error, explain_validation
+from tidemark.settings.problems import check_environment, explain_json_error, explain_validation
 
 
 class _Section(BaseModel):

@@ -1,6 +1,6 @@
 """What is wrong with the settings, said so that a person can fix it.
 
-``load_settings`` (``tidemark.config``) turns every problem into a ``ConfigError``
+``load_settings`` (``tidemark.settings.config``) turns every problem into a ``ConfigError``
 whose message comes from here: each names the setting, where its value came from
 (the environment variable, or the file) and what to do. An unknown key lists the
 valid ones and suggests the nearest (``slto`` -> ``slot``); a ``TIDEMARK_*``
@@ -8,7 +8,7 @@ variable that names no section (``TIDEMARK_SORCE__DSN``) or is one letter away f
 a setting (``TIDEMARK_SHAPE``) is refused too, so a typo never leaves a setting at
 its default without a word. Variables that are not settings (``TIDEMARK_CONFIG``,
 ``TIDEMARK_URL``, the tests' own) are left alone. The settings model is given by the
-caller (``tidemark.config.Settings``): this module reads pydantic models, not
+caller (``tidemark.settings.config.Settings``): this module reads pydantic models, not
 tidemark's own, so the settings import it and not the other way round.
 """
 
