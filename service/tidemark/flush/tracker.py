@@ -292,9 +292,6 @@ class FlushTracker:
         """No shape owes a flush: everything seen is durable."""
         return not self._pending
 
-    def is_pending(self, shape: str) -> bool:
-        return shape in self._pending
-
     def last_flushed_of(self, shape: str) -> LogOffset | None:
         """What a pending shape has flushed (None when it owes nothing)."""
         entry = self._pending.get(shape)

@@ -81,7 +81,7 @@ def test_unconfirmed_shape_blocks_the_boundary() -> None:
     assert notified.lsns == []
     assert tracker.durable_lsn is None
     assert len(tracker.stalled_shapes(math.inf, 0.0)) == 1  # (every pending one)
-    assert tracker.is_pending("orders")
+    assert tracker.last_flushed_of("orders") is not None
 
 
 def test_commit_fragment_must_follow_the_last_seen_one() -> None:
@@ -244,7 +244,7 @@ def test_notice_beyond_what_the_shape_was_sent_is_refused() -> None:
         tracker.handle_flush_notification("a", off(0x108, 2))
 
     assert notified.lsns == []
-    assert tracker.is_pending("a")
+    assert tracker.last_flushed_of("a") is not None
 
 
 def test_equal_boundary_is_not_notified_twice() -> None:
@@ -317,7 +317,7 @@ def test_flush_notice_after_removal_is_ignored() -> None:
     tracker.handle_flush_notification("a", off(0x100, 10))
 
     assert notified.lsns == [0xFE]
-    assert not tracker.is_pending("a")
+    assert tracker.last_flushed_of("a") is None
     assert len(tracker.stalled_shapes(math.inf, 0.0)) == 1  # (every pending one)
 
 

@@ -109,7 +109,8 @@ def test_rows_reach_the_matching_shapes_projected_with_unique_ops(setup) -> None
         (4, "update", (b"1", b"moved"), None),
     ]
     # the tracker learned the transaction with both shapes; nothing durable yet
-    assert tracker.is_pending("eu") and tracker.is_pending("everything")
+    assert tracker.last_flushed_of("eu") is not None
+    assert tracker.last_flushed_of("everything") is not None
     assert notified == []
     assert eu.calls[-1] == ("end", LogOffset(100, 7))
 
@@ -154,7 +155,8 @@ def test_a_writer_that_has_the_transaction_already_is_not_affected(setup) -> Non
     eu.committed_lsn = 150  # committed before a restart
     txn(collector, 100, m.Insert(ORDERS.oid, row(1, "eu")))
     assert eu.calls == []
-    assert not tracker.is_pending("eu") and tracker.is_pending("everything")
+    assert tracker.last_flushed_of("eu") is None
+    assert tracker.last_flushed_of("everything") is not None
 
 
 def test_after_a_reconnect_the_open_transaction_is_dropped_and_replays_skipped(setup) -> None:  # type: ignore[no-untyped-def]

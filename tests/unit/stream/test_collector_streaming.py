@@ -111,13 +111,14 @@ def test_a_streamed_transaction_reaches_the_tracker_only_at_its_commit(setup) ->
     collector, tracker, eu, everything, _ = setup
     block(collector, 700, ins(1, xid=700), ins(2, "us", xid=700), first=True)
     block(collector, 700, ins(3, xid=700))
-    assert not tracker.is_pending("eu") and collector.open_streams == 1
+    assert tracker.last_flushed_of("eu") is None and collector.open_streams == 1
     assert eu.committed == [] and [r[0] for r in eu.open[700]] == [0, 4]
     commit(collector, 700, 5000)
     # ops count every change of the transaction, across chunks
     assert eu.committed == [(700, 5000, eu.committed[0][2], LogOffset(5000, 7))]
     assert eu.ids() == [b"1", b"3"] and everything.ids() == [b"1", b"2", b"3"]
-    assert tracker.is_pending("eu") and tracker.is_pending("everything")
+    assert tracker.last_flushed_of("eu") is not None
+    assert tracker.last_flushed_of("everything") is not None
     assert collector.open_streams == 0 and collector.stats.streamed_commits == 1
     assert collector.last_commit_lsn == 5000
 
@@ -174,7 +175,7 @@ def test_a_top_level_abort_discards_the_transaction_and_the_tracker_never_sees_i
     block(collector, 820, ins(1, xid=820), ins(2, xid=821), first=True)
     collector.handle(m.StreamAbort(820, 820))
     assert eu.discarded == [820] and everything.discarded == [820]
-    assert not tracker.is_pending("eu") and collector.open_streams == 0
+    assert tracker.last_flushed_of("eu") is None and collector.open_streams == 0
     assert collector.stats.streamed_aborts == 1 and collector.stats.transactions == 0
 
 
@@ -218,7 +219,7 @@ def test_a_shape_whose_sink_or_snapshot_has_the_transaction_declines_it_at_commi
     assert done.committed == [] and done.discarded == [850]
     assert fenced.committed == [] and fenced.discarded == [850]
     assert fresh.ids() == [b"1"]
-    assert not tracker.is_pending("done") and not tracker.is_pending("f")
+    assert tracker.last_flushed_of("done") is None and tracker.last_flushed_of("f") is None
 
 
 def test_a_snapshot_is_unusable_while_a_stream_that_changed_its_table_is_in_progress(setup) -> None:  # type: ignore[no-untyped-def]
@@ -260,7 +261,7 @@ def test_removing_a_shape_discards_its_part_of_open_streams(setup) -> None:  # t
     assert eu.discarded == [880]
     commit(collector, 880, 5000)
     assert eu.committed == [] and everything.ids() == [b"1"]
-    assert not tracker.is_pending("eu")
+    assert tracker.last_flushed_of("eu") is None
 
 
 def test_a_stream_start_inside_an_ordinary_transaction_is_a_protocol_error(setup) -> None:  # type: ignore[no-untyped-def]
