@@ -92,7 +92,8 @@ objectstore:
 # Delta's own Spark reader (delta-spark) and Iceberg's Spark runtime, in a Spark of their
 # own: Iceberg's runtime stops at Spark 4.1 and delta-spark 4.4 at 4.2, while tidemark
 # runs 4.3. pyspark 4.1 in .venv-readers (jars/readers/requirements.txt), the jars by
-# Maven into .jars/readers/ (jars/readers/pom.xml, checksums beside it).
+# Maven into .jars/readers/ (jars/readers/pom.xml, checksums beside it: with the JDBC
+# drivers of the Iceberg catalogs and S3A of pyspark 4.1's Hadoop, for tables on S3).
 READERS_VENV := .venv-readers
 readers: $(READERS_VENV)/.installed
 	@sh jars/fetch.sh jars/readers .jars/readers

@@ -6,7 +6,8 @@ of tidemark's or the tests'.
 
     .venv-readers/bin/python tests/integration/reference_readers.py REQUEST.json
 
-The request names the jars, a folder for the rows, and the reads. Each read has an
+The request names the jars, a folder for the rows, S3A's settings for tables on S3
+(``hadoop``: ``fs.s3a.*``, paths then ``s3a://``), and the reads. Each read has an
 ``id`` and one of these kinds; rows go to ``<work>/<id>.parquet``, facts to the answer:
 
 * ``{"delta": path, "version": n | null}``: ``spark.read.format("delta")``, as of a
@@ -15,8 +16,10 @@ The request names the jars, a folder for the rows, and the reads. Each read has 
   files, partition columns), ``DESCRIBE HISTORY``'s versions, and the log segment
   delta-spark's replay used (the checkpoint it started from, the JSON entries after it);
 * ``{"iceberg": identifier, "snapshot": id | null}``: Iceberg's reader through the SQL
-  catalog (``catalog``: the SQLite file; Iceberg's ``JdbcCatalog`` named as pyiceberg
-  names it, ``tidemark``, since it keeps only the rows of its own name);
+  catalog (``catalog``: ``uri`` ``jdbc:sqlite:...`` or ``jdbc:postgresql:...``,
+  ``warehouse``, and ``jdbc.user``/``jdbc.password`` where it needs them; Iceberg's
+  ``JdbcCatalog`` named as pyiceberg names it, ``tidemark``, since it keeps only the
+  rows of its own name);
 * ``{"iceberg_path": metadata_location}``: the same reader given the metadata file, no
   catalog;
 * ``{"iceberg_snapshots": identifier}``: the snapshots metadata table (id, parent,
@@ -60,16 +63,19 @@ def session(request: dict[str, Any]) -> Any:
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
         )
     )
+    for key, value in (request.get("hadoop") or {}).items():  # S3A, for tables on S3
+        builder = builder.config(f"spark.hadoop.{key}", value)
     catalog = request.get("catalog")
-    if catalog:
+    if catalog:  # Iceberg's JdbcCatalog over tidemark's SQL catalog (SQLite or PostgreSQL)
         prefix = f"spark.sql.catalog.{CATALOG}"
         builder = (
             builder.config(prefix, "org.apache.iceberg.spark.SparkCatalog")
             .config(f"{prefix}.type", "jdbc")
-            .config(f"{prefix}.uri", f"jdbc:sqlite:{catalog}")
             # JdbcCatalog refuses to start without one; only new tables would use it
-            .config(f"{prefix}.warehouse", f"file://{Path(catalog).parent}")
+            .config(f"{prefix}.warehouse", catalog.pop("warehouse"))
         )
+        for key, value in catalog.items():  # uri, jdbc.user, jdbc.password
+            builder = builder.config(f"{prefix}.{key}", value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -23,6 +23,7 @@ JARS = (
     "delta-storage-4.4.0.jar",
     "iceberg-spark-runtime-4.1_2.13-1.12.0.jar",
     "sqlite-jdbc-3.54.1.0.jar",
+    "postgresql-42.7.14.jar",
 )
 S3A_JAR = "hadoop-aws-3.4.2.jar"  # S3A of pyspark 4.1.4's Hadoop
 INTERNAL = ("_lsn",)  # tidemark's own column in a current table beside the shape's
@@ -31,13 +32,15 @@ INTERNAL = ("_lsn",)  # tidemark's own column in a current table beside the shap
 def reference_read(
     work: Path,
     reads: list[dict[str, Any]],
-    catalog: Path | None = None,
+    catalog: Path | dict[str, str] | None = None,
     hadoop: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the reads in the reference readers' Spark; the answers by read id (rows in
-    ``work/<id>.parquet``). ``hadoop``: S3A's settings for a store (``fs.s3a.*``; S3A
-    of the readers' Hadoop and the AWS SDK bundle of ``.jars/`` go on the class path).
-    A read that failed fails the test with the reader's error."""
+    ``work/<id>.parquet``). ``catalog``: a SQLite catalog file, or Iceberg's JDBC
+    catalog settings (``uri``, ``warehouse``, ``jdbc.user``, ...). ``hadoop``: S3A's
+    settings for a store (``fs.s3a.*``; S3A of the readers' Hadoop and the AWS SDK
+    bundle of ``.jars/`` go on the class path). A read that failed fails the test with
+    the reader's error."""
     jars = [READERS_JARS / name for name in JARS]
     if hadoop is not None:
         from tidemark.spark import jars_dir
@@ -54,7 +57,7 @@ def reference_read(
             {
                 "jars": [str(p) for p in jars],
                 "work": str(work),
-                "catalog": None if catalog is None else str(catalog),
+                "catalog": sqlite_catalog(catalog) if isinstance(catalog, Path) else catalog,
                 "hadoop": hadoop or {},
                 "reads": reads,
             }
@@ -73,6 +76,24 @@ def reference_read(
     assert not failed, json.dumps(failed, indent=1)
     assert answers["spark"].startswith("4.1."), answers["spark"]
     return answers
+
+
+def sqlite_catalog(path: Path) -> dict[str, str]:
+    """Iceberg's JDBC catalog settings for tidemark's default catalog, a SQLite file."""
+    return {"uri": f"jdbc:sqlite:{path}", "warehouse": f"file://{path.parent}"}
+
+
+def postgres_catalog(uri: str, warehouse: str) -> dict[str, str]:
+    """Iceberg's JDBC catalog settings for a PostgreSQL catalog given as a libpq URI."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(uri)
+    return {
+        "uri": f"jdbc:postgresql://{parts.hostname}:{parts.port or 5432}{parts.path}",
+        "jdbc.user": unquote(parts.username or ""),
+        "jdbc.password": unquote(parts.password or ""),
+        "warehouse": warehouse,
+    }
 
 
 def rows(table: pa.Table, columns: list[str] | None = None) -> Counter[tuple[Any, ...]]:

@@ -2,41 +2,26 @@
 and Iceberg's Spark runtime, in a Spark of their own (``reference_readers.py``, run in
 ``.venv-readers``), read every kind of table a running service leaves (changelog and
 current tables after an added column, a truncate, a resync, compaction, vacuum and
-retention; current tables partitioned by bucket; time travel to a version and to the
-versions of one LSN; a Delta log read from tidemark's checkpoint) and get what
-``tidemark.read`` gets, which equals Postgres."""
+retention, a shape on a partitioned table among them; time travel to a version and to
+the versions of one LSN; a Delta log read from tidemark's checkpoint) and get what
+``tidemark.read`` gets, which equals Postgres. (On S3: ``test_s3_root``.)"""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tidemark.demo.verify import normalise
-
 from .conftest import PgDatabase
 from .outside_readers import metadata_location
+from .reference_support import equals_postgres, postgres_rows, reference_read, same_rows
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
 from .test_e2e import SCHEMA, SHAPES, TRUTH, arun, mixed_workload
-
-REPO = Path(__file__).resolve().parents[2]
-READERS_PYTHON = REPO / ".venv-readers" / "bin" / "python"
-READERS_JARS = REPO / ".jars" / "readers"
-JARS = (
-    "delta-spark_4.1_2.13-4.4.0.jar",
-    "delta-storage-4.4.0.jar",
-    "iceberg-spark-runtime-4.1_2.13-1.12.0.jar",
-    "sqlite-jdbc-3.54.1.0.jar",
-)
-INTERNAL = ("_lsn",)  # tidemark's own column in a current table beside the shape's
 
 # besides test_e2e's tables, a partitioned one (published via its root)
 PARTITIONED = """
@@ -61,81 +46,6 @@ async def visits_workload(db: PgDatabase) -> None:
     await arun(db, "update visits set day = day + 31 where id % 9 = 0 and day < '2026-01-20'")
     await arun(db, "update visits set region = 'eu' where id % 5 = 0")
     await arun(db, "delete from visits where id % 7 = 0")
-
-
-def reference_read(
-    work: Path, reads: list[dict[str, Any]], catalog: Path | None = None
-) -> dict[str, Any]:
-    """Run the reads in the reference readers' Spark; the answers by read id (rows in
-    ``work/<id>.parquet``). A read that failed fails the test with the reader's error."""
-    jars = [READERS_JARS / name for name in JARS]
-    missing = [str(p) for p in (READERS_PYTHON, *jars) if not p.exists()]
-    assert not missing, f"the reference readers are not installed ({missing}): run make readers"
-    request = work / "request.json"
-    work.mkdir(parents=True, exist_ok=True)
-    request.write_text(
-        json.dumps(
-            {
-                "jars": [str(p) for p in jars],
-                "work": str(work),
-                "catalog": None if catalog is None else str(catalog),
-                "reads": reads,
-            }
-        )
-    )
-    done = subprocess.run(
-        [str(READERS_PYTHON), str(Path(__file__).with_name("reference_readers.py")), str(request)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    answers: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    failed = {k: v["error"] for k, v in answers.items() if isinstance(v, dict) and "error" in v}
-    assert not failed, json.dumps(failed, indent=1)
-    assert answers["spark"].startswith("4.1."), answers["spark"]
-    return answers
-
-
-def rows(table: pa.Table, columns: list[str] | None = None) -> Counter[tuple[Any, ...]]:
-    """A multiset of rows over ``columns`` (default: every column, by name)."""
-    names = columns or sorted(table.column_names)
-    return Counter(
-        tuple(normalise(row[c]) for c in names) for row in table.select(names).to_pylist()
-    )
-
-
-def shape_columns(table: pa.Table) -> list[str]:
-    return [c for c in table.column_names if c not in INTERNAL]
-
-
-def same_rows(got: pa.Table, expected: pa.Table, what: str) -> None:
-    assert sorted(got.column_names) == sorted(expected.column_names), (
-        what,
-        got.column_names,
-        expected.column_names,
-    )
-    left, right = rows(got), rows(expected)
-    assert left == right, (what, list((left - right).items())[:3], list((right - left).items())[:3])
-
-
-def postgres_rows(dsn: str, query: str) -> tuple[list[str], Counter[tuple[Any, ...]]]:
-    with psycopg.connect(dsn) as conn:
-        cursor = conn.execute(query)
-        names = [d.name for d in cursor.description or ()]
-        return names, Counter(tuple(map(normalise, r)) for r in cursor.fetchall())
-
-
-def equals_postgres(table: pa.Table, truth: tuple[list[str], Counter[Any]], what: str) -> None:
-    names, expected = truth
-    assert sorted(shape_columns(table)) == sorted(names), (what, table.column_names, names)
-    got = rows(table, names)
-    assert got == expected, (
-        what,
-        list((got - expected).items())[:3],
-        list((expected - got).items())[:3],
-    )
 
 
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])

@@ -4,10 +4,12 @@ files through S3A and the log entries and state files put with conditional PUTs.
 
 Each run compares every shape, folded, with Postgres (through Spark and without it),
 reads the tables with ``deltalake`` and Polars straight from the bucket, and checks
-that no change row is there twice. Then the same with 20 ms added to every request
-(as on real S3), a restart on the same root, and a partition of the store that the
-service rides out: the slot is not acknowledged past what is in the tables meanwhile,
-and everything arrives once the store is back.
+that no change row is there twice; at the end the format's own reader (delta-spark,
+Iceberg's Spark runtime, in a Spark of its own) reads every table from the bucket.
+Then the same with 20 ms added to every request (as on real S3), a restart on the same
+root, and a partition of the store that the service rides out: the slot is not
+acknowledged past what is in the tables meanwhile, and everything arrives once the
+store is back.
 """
 
 from __future__ import annotations
@@ -280,6 +282,52 @@ async def test_a_delta_root_on_s3_equals_postgres(
 
     frame = pl.read_delta(f"{root}/tables/gold", storage_options=objectstore.storage_options(root))
     assert frame.height > 0 and {"owner", "tier", "_lsn", "_op"} <= set(frame.columns)
+    check_reference_reader(pg_db, root, tmp_path / "reference")
+
+
+def check_reference_reader(
+    db: PgDatabase, root: str, work: Path, catalog_uri: str | None = None
+) -> None:
+    """The format's own reader in a Spark of its own, through S3A of its own Hadoop
+    (delta-spark; Iceberg's runtime with its JDBC catalog on ``catalog_uri``) reads every
+    changelog from the bucket as ``tidemark.read`` does and every current table equal
+    to Postgres (Delta: with the protocol tidemark declares)."""
+    import pyarrow.parquet as pq
+
+    from .reference_support import (
+        equals_postgres,
+        postgres_catalog,
+        postgres_rows,
+        reference_read,
+        same_rows,
+    )
+
+    access = objectstore.s3_access()
+    assert access is not None
+    hadoop = access.hadoop_conf()
+    reads: list[dict[str, Any]] = []
+    for shape in TRUTH:
+        for kind in ("tables", "current"):
+            if catalog_uri is None:
+                path = objectstore.s3a(objectstore.join(root, kind, shape))
+                reads.append({"id": f"{kind}-{shape}", "delta": path, "version": None})
+                reads.append({"id": f"detail-{kind}-{shape}", "delta_detail": path})
+            else:
+                namespace = "tidemark" if kind == "tables" else "tidemark_current"
+                reads.append({"id": f"{kind}-{shape}", "iceberg": f"{namespace}.{shape}"})
+    catalog = None
+    if catalog_uri is not None:
+        catalog = postgres_catalog(catalog_uri, objectstore.s3a(root))
+        hadoop["fs.s3.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"  # s3:// locations
+    answers = reference_read(work, reads, catalog, hadoop=hadoop)
+    for shape, query in TRUTH.items():
+        changes = pq.read_table(work / f"tables-{shape}.parquet")
+        same_rows(changes, read.arrow_changelog(root, shape), f"changelog {shape}")
+        current = pq.read_table(work / f"current-{shape}.parquet")
+        equals_postgres(current, postgres_rows(db.dsn, query), f"current {shape}")
+        for kind in ("tables", "current") if catalog_uri is None else ():
+            detail = answers[f"detail-{kind}-{shape}"]
+            assert (detail["minReaderVersion"], detail["minWriterVersion"]) == (1, 2), detail
 
 
 @pytest.fixture
@@ -366,6 +414,7 @@ async def test_an_iceberg_root_on_s3_equals_postgres(
     store: tuple[S3Proxy, Proxy],
     proxy: Proxy,
     iceberg_catalog: str,
+    tmp_path: Path,
 ) -> None:
     """Iceberg tables on the bucket, registered in a PostgreSQL catalog: Spark writes
     the data files in place through S3A, pyiceberg puts each metadata file with
@@ -398,6 +447,7 @@ async def test_an_iceberg_root_on_s3_equals_postgres(
         await workload(pg_db, 2000)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
     check_iceberg_readers(spark, pg_db, root, iceberg_catalog, server, proxy)
+    check_reference_reader(pg_db, root, tmp_path / "reference", iceberg_catalog)
 
 
 async def test_a_partition_of_the_store_holds_the_acknowledgement_back(
