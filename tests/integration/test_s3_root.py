@@ -330,6 +330,44 @@ def check_reference_reader(
             assert (detail["minReaderVersion"], detail["minWriterVersion"]) == (1, 2), detail
 
 
+async def test_teardown_purge_removes_the_instances_objects_from_the_bucket(
+    pg_db: PgDatabase, spark: Any, store: tuple[S3Proxy, Proxy], proxy: Proxy
+) -> None:
+    """``teardown --purge`` on an ``s3://`` root: the slot, the publication and every
+    object of the instance under the root go; an object beside the root stays."""
+    from tidemark.cli.teardown import carry_out, make_plan
+
+    server = store[0]
+    base = f"s3://{BUCKET}/{secrets.token_hex(4)}"
+    root = f"{base}/lake"
+    await pg_db.aexecute(SCHEMA)
+    await workload(pg_db, 1)
+    config = settings_for(
+        pg_db.dsn,
+        root,
+        SHAPES,
+        s3=s3_settings(server, proxy),
+        current={"enabled": True, "refresh_s": 1.0, "fold_on_stop": True},
+    )
+    async with running_service(config, spark) as service:
+        await workload(pg_db, 1000)
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    beside = f"{base}/lake-notes.txt"  # (shares the root's prefix as text, not as a folder)
+    assert objectstore.put_if_absent(beside, b"not tidemark's")
+    assert any(f.name.startswith("tables/rich/") for f in objectstore.listing(root))
+    # when the plan is made and carried out
+    plan = await make_plan(config, purge=True)
+    assert f"{root}/tables/rich" in plan.paths and f"{root}/current/rich" in plan.paths
+    assert f"{root}/_tidemark" in plan.paths
+    done = await carry_out(config, plan)
+    # then nothing of the root is left, the slot is gone, and the object beside it stays
+    assert objectstore.listing(root) == [], objectstore.listing(root)[:5]
+    assert f"removed {root}/tables/rich" in done
+    slots = "select 1 from pg_replication_slots where slot_name = 'tm_e2e'"
+    assert await pg_db.aexecute(slots) == []
+    assert objectstore.read(beside) == b"not tidemark's"
+
+
 @pytest.fixture
 def iceberg_catalog(pg_db: PgDatabase, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A PostgreSQL database of its own as the Iceberg catalog (the catalog an

@@ -10,7 +10,8 @@ made by someone else and stays, with the statement to drop it named.
 Under the sink root (``purge``): this instance's shape tables (changelog and current;
 for Iceberg also their catalog entries), its state folder, its flush rounds' staging
 folder; the root's own records (format, default Iceberg catalog) go only when no other
-instance keeps state there.
+instance keeps state there. On an object store (``s3://``) a folder is every object
+below its prefix, deleted in batches.
 
 Refused while a tidemark instance of this slot runs: the slot in use, or a session of
 the leader lease (a leader, or a standby waiting to lead: it would create the slot
@@ -27,11 +28,12 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
-from tidemark.errors import ConfigError, TidemarkError
+from tidemark.errors import TidemarkError
 from tidemark.replication.catalog import check_name
 from tidemark.replication.slot import CREATED_BY
+from tidemark.state import objectstore
 from tidemark.state.lease import APPLICATION_NAME
-from tidemark.state.objectstore import is_remote
+from tidemark.state.objectstore import Location, is_remote, join, listing
 
 if TYPE_CHECKING:
     from tidemark.settings.config import Settings
@@ -49,7 +51,8 @@ class Plan:
     publication_exists: bool
     publication_ours: bool
     purge: bool
-    paths: list[Path] = field(default_factory=list)  # removed, in this order
+    # removed, in this order: files or folders (on an object store: every object below)
+    paths: list[Location] = field(default_factory=list)
     catalog_tables: list[str] = field(default_factory=list)  # Iceberg identifiers
 
     def describe(self) -> list[str]:
@@ -141,18 +144,13 @@ def _plan_purge(settings: Settings, plan: Plan) -> None:
     from tidemark.sink.root import root_format
     from tidemark.state.instance_state import instance_states, state_dir
 
-    if is_remote(settings.sink.root):
-        raise ConfigError(
-            f"teardown --purge of the object-store root {settings.sink.root} is not "
-            "supported yet: remove its objects with your store's tools (e.g. aws s3 rm "
-            "--recursive), after the slot and publication are dropped"
-        )
-    root = Path(settings.sink.root)
-    if not root.exists():
+    given = settings.sink.root
+    root: Location = given if is_remote(given) else Path(given)
+    if not _present(root):
         return
     instance = settings.instance.name
-    state = Path(state_dir(root, instance))
-    registry = ShapeRegistry.open(state / "shapes.json")
+    state = state_dir(root, instance)
+    registry = ShapeRegistry.open(join(state, "shapes.json"))
     shapes = {s.name for s in registry.shapes()} | {s.name for s in settings.shapes}
     tables = root_format(root, settings.iceberg.catalog_uri or None)
     for shape in sorted(shapes):
@@ -163,31 +161,57 @@ def _plan_purge(settings: Settings, plan: Plan) -> None:
                 for t in (tables.changelog(root, shape), tables.current(root, shape))
                 if t.exists()
             ]
-        plan.paths += [Path(p) for p in (changelog_dir, current_dir) if Path(p).exists()]
-    rounds = root / "_rounds" / settings.source.slot
-    if rounds.exists():
+        plan.paths += [p for p in (changelog_dir, current_dir) if _present(p)]
+    rounds = join(root, "_rounds", settings.source.slot)
+    if _present(rounds):
         plan.paths.append(rounds)
     others = [
         name
         for name, folder in instance_states(root).items()
-        if name != instance and (name or _holds_state(Path(folder)))
+        if name != instance and (name or _holds_state(folder))
     ]
     if instance:
-        if state.exists():
+        if _present(state):
             plan.paths.append(state)
-    elif state.exists():
+    elif _present(state):
         # the unnamed instance's files; the root's records stay while others keep state
         keep = {"instances", "format.json", "iceberg.db"} if others else set()
-        plan.paths += sorted(p for p in state.iterdir() if p.name not in keep)
-    if not others:
-        plan.paths += [p for p in (root / "_tidemark",) if p.exists() and p not in plan.paths]
+        plan.paths += [join(state, name) for name in _children(state) if name not in keep]
+    records = join(root, "_tidemark")
+    if not others and _present(records) and records not in plan.paths:
+        plan.paths.append(records)
 
 
-def _holds_state(folder: Path) -> bool:
+def _present(location: Location) -> bool:
+    """A file or folder there (on an object store: an object at or below it)."""
+    if is_remote(location):
+        return objectstore.exists(location) or bool(listing(location))
+    return Path(location).exists()
+
+
+def _children(folder: Location) -> list[str]:
+    """The names directly in ``folder`` (on an object store: the first part of each key
+    below it)."""
+    if is_remote(folder):
+        return sorted({item.name.split("/", 1)[0] for item in listing(folder)})
+    return sorted(p.name for p in Path(folder).iterdir())
+
+
+def _holds_state(folder: Location) -> bool:
     """The unnamed instance keeps state in ``folder`` (not only the root's records)."""
-    if not folder.is_dir():
+    if not _present(folder) or (not is_remote(folder) and not Path(folder).is_dir()):
         return False
-    return any(p.name not in ("instances", "format.json", "iceberg.db") for p in folder.iterdir())
+    return any(n not in ("instances", "format.json", "iceberg.db") for n in _children(folder))
+
+
+def _remove(location: Location) -> None:
+    if is_remote(location):
+        below = [join(location, item.name) for item in listing(location)]
+        objectstore.delete([location, *below])
+    elif Path(location).is_dir():
+        shutil.rmtree(location)
+    elif Path(location).exists():
+        Path(location).unlink()
 
 
 async def carry_out(settings: Settings, plan: Plan) -> list[str]:
@@ -211,9 +235,6 @@ async def carry_out(settings: Settings, plan: Plan) -> list[str]:
                 catalog.drop_table(name)
                 done.append(f"dropped the catalog table {name}")
         for path in plan.paths:
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+            _remove(path)
             done.append(f"removed {path}")
     return done
