@@ -421,3 +421,55 @@ def test_compaction_on_s3_rewrites_small_files_and_keeps_every_row(
     assert len(files) == 1 and files[0][0].startswith("data/") and "compacted" in files[0][0]
     after = sorted((r["_lsn"], r["_op"]) for r in rows_of(_table(root, catalog)))
     assert after == before and len(set(after)) == len(after) == 6 * BATCH
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_damaged_table_on_s3_is_set_aside_and_made_again(
+    store: tuple[S3Proxy, Proxy], proxy: Proxy, tmp_path: Path, table_format: str
+) -> None:
+    """A table on the bucket that its own log cannot read whole (a data file its
+    commits name is gone, Delta) is set aside as on disk: every object below it copied
+    to ``<root>/damaged/<shape>-<time>/`` and removed from its place (Iceberg: dropped
+    from the catalog too), and the shape's table is made again, empty."""
+    from tidemark.sink import table_format as format_named
+    from tidemark.sink.schema import ColumnSpec, table_schema
+
+    root = f"s3://{BUCKET}/aside-{secrets.token_hex(4)}"
+    catalog = f"sqlite:///{tmp_path / 'catalog.db'}" if table_format == "iceberg" else ""
+    schema = table_schema([ColumnSpec("id", 23)])
+    table = _table(root, catalog)
+    table.create(schema, ["id"], {})
+    for i in range(2):
+        first = i * BATCH + 1
+        table.commit(
+            _batch_files(table, first, first + BATCH - 1), first + BATCH - 1, {}, first_lsn=first
+        )
+    place = objectstore.join(root, "tables", SHAPE)
+    before = {f.name for f in objectstore.listing(place)}
+    if table_format == "delta":  # a file its commits name, gone: the log reads it as damage
+        from tidemark.errors import TableDamaged
+
+        gone = next(n for n in before if n.startswith("data/") and n.endswith(".parquet"))
+        objectstore.delete([objectstore.join(place, gone)])
+        before.discard(gone)
+        with pytest.raises(TableDamaged, match="missing"):
+            _table(root, catalog).create(schema, ["id"], {})
+    # when it is set aside
+    damaged = _table(root, catalog)
+    if table_format == "iceberg":
+        from tidemark.settings.config import IcebergSettings
+
+        tables = format_named("iceberg", IcebergSettings(catalog_uri=catalog))
+    else:
+        tables = format_named("delta")
+    aside = tables.set_aside(damaged)
+    # then every object of it is under damaged/, none is left in its place
+    assert str(aside).startswith(f"{root}/damaged/{SHAPE}-"), aside
+    assert {f.name for f in objectstore.listing(aside)} == before
+    assert objectstore.listing(place) == []
+    # and the shape's table is made again, empty
+    again = _table(root, catalog)
+    again.create(schema, ["id"], {})
+    from .sink_support import rows_of
+
+    assert rows_of(again) == []

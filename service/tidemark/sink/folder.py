@@ -63,10 +63,21 @@ def holds(shape: str, done: int | None, first: int, end_lsn: int) -> bool:
     return False
 
 
-def move_aside(root: Path, shape: str, path: Path) -> Path:
+def move_aside(root: Location, shape: str, path: Location) -> Location:
     """Move a damaged table's folder ``path`` to ``<root>/damaged/<shape>-<time>/`` (kept
-    for a look, never read by tidemark again), durably; returns where it went."""
+    for a look, never read by tidemark again), durably; returns where it went. On an
+    object store every object below ``path`` is copied there first, then deleted: a
+    crash between leaves the table where it was, still damaged, set aside again at the
+    next start (an extra copy under ``damaged/``, nothing lost)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    if is_remote(path):
+        target = join(root, "damaged", f"{shape}-{stamp}")
+        names = [item.name for item in objectstore.listing(path)]
+        for name in names:
+            objectstore.copy(str(join(path, name)), str(join(target, name)))
+        objectstore.delete([join(path, name) for name in names])
+        return target
+    assert isinstance(root, Path) and isinstance(path, Path)
     aside = root / "damaged" / f"{shape}-{stamp}"
     make_dirs(aside.parent)
     os.rename(path, aside)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from tidemark.sink.files import DataFile
     from tidemark.state.durable import SyncSet
+    from tidemark.state.objectstore import Location
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,7 +357,7 @@ class TableFormat(Protocol):
     def folders(self, root: str | Path, shape: str) -> tuple[Path | str, Path | str]:
         """Where the changelog and the current-state table of ``shape`` live."""
 
-    def set_aside(self, table: ChangelogTable) -> Path:
+    def set_aside(self, table: ChangelogTable) -> Location:
         """Move a damaged changelog out of the way, durably; where it went."""
 
     def mark(self, root: str | Path, epoch: int, shapes: Sequence[str], app_id: str) -> int:

@@ -608,6 +608,23 @@ def listing(location: Location) -> list[Listed]:
     return sorted(found, key=lambda f: f.name)
 
 
+def copy(source: str, target: str) -> None:
+    """Copy one object to another key of the same store (S3's CopyObject: the bytes stay
+    on the server). Both ``s3://`` URIs."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split(source)
+    to_bucket, to_key = split(target)
+    _STORE.count("COPY")
+    try:
+        reply = _STORE.client().copy_object(
+            Bucket=to_bucket, Key=to_key, CopySource={"Bucket": bucket, "Key": key}
+        )
+    except (ClientError, BotoCoreError) as exc:
+        raise _failed("copy", source, exc) from None
+    _STORE.seen(target, reply["CopyObjectResult"]["ETag"])
+
+
 def delete(locations: Iterable[Location]) -> None:
     """Remove files (a missing one is no error); for S3 up to 1000 in one request."""
     remote: dict[str, list[str]] = {}

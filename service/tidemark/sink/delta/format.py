@@ -25,6 +25,7 @@ from tidemark.sink.delta.log import entries_sync
 from tidemark.sink.delta.table import ShapeTable, set_aside, table_path
 from tidemark.sink.port import ChangelogTable
 from tidemark.state import fencing, objectstore
+from tidemark.state.objectstore import Location
 
 
 class DeltaFormat(current.Refreshing):
@@ -43,7 +44,7 @@ class DeltaFormat(current.Refreshing):
             return table_path(root, shape), objectstore.join(root, current.CURRENT_DIR, shape)
         return table_path(root, shape), current_path(root, shape)
 
-    def set_aside(self, table: ChangelogTable) -> Path:
+    def set_aside(self, table: ChangelogTable) -> Location:
         assert isinstance(table, ShapeTable)
         return set_aside(table)
 

@@ -198,14 +198,9 @@ def table_path(root: Location, shape: str) -> Location:
     return join(root, "tables", shape)
 
 
-def set_aside(table: ShapeTable) -> Path:
+def set_aside(table: ShapeTable) -> Location:
     """Move a damaged table's folder to ``<root>/damaged/<shape>-<time>/`` (kept for a
     look, never read by tidemark again), durably; returns where it went."""
-    if not isinstance(table.path, Path) or not isinstance(table.root, Path):
-        raise SinkError(
-            f"shape '{table.shape}': its damaged table {table.uri} cannot be set aside on "
-            "an object store yet: remove the shape and add it again"
-        )
     aside = move_aside(table.root, table.shape, table.path)
     table.refresh_handle()
     return aside

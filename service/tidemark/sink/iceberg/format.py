@@ -29,6 +29,7 @@ from tidemark.sink.iceberg.current import IcebergCurrent
 from tidemark.sink.iceberg.table import IcebergChangelog, expire, remove_unreferenced
 from tidemark.sink.port import ChangelogTable
 from tidemark.state import fencing, objectstore
+from tidemark.state.objectstore import Location, is_remote, join
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -82,22 +83,17 @@ class IcebergFormat(current.Refreshing):
             )
         return Path(root) / "tables" / shape, current_path(root, shape)
 
-    def set_aside(self, table: ChangelogTable) -> Path:
+    def set_aside(self, table: ChangelogTable) -> Location:
         """Drop the damaged table from the catalog (its files stay) and move its folder
         to ``<root>/damaged/<shape>-<time>/``."""
         assert isinstance(table, IcebergChangelog)
-        if not isinstance(table.path, Path) or not isinstance(table.root, Path):
-            raise SinkError(
-                f"shape '{table.shape}': its damaged table {table.uri} cannot be set aside "
-                "on an object store yet: remove the shape and add it again"
-            )
         fencing.check()
         try:
             table.catalog.drop_table(table.ident)
         except Exception as exc:  # (already gone: a restart after a set-aside)
             log.warning("table.drop_failed", table=table.name, error=str(exc))
-        aside = table.root / "damaged" / f"{table.shape}-gone"
-        if table.path.exists():
+        aside = join(table.root, "damaged", f"{table.shape}-gone")
+        if objectstore.listing(table.path) if is_remote(table.path) else Path(table.path).exists():
             aside = move_aside(table.root, table.shape, table.path)
         table.refresh_handle()
         return aside
