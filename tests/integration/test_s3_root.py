@@ -687,9 +687,12 @@ def test_a_service_sigkilled_five_times_on_s3_loses_and_duplicates_nothing(
     table_format: str,
 ) -> None:
     """``tidemark run`` (a real process, its own Spark with S3A) on an ``s3://`` root,
-    SIGKILLed five times during rounds under 20 ms of latency per request: every shape
-    equals Postgres, no ``(_lsn, _op)`` twice, and no sampled acknowledgement ever
-    passed what the tables on the store held. Iceberg: the catalog in PostgreSQL."""
+    SIGKILLed five times during rounds under 20 ms of latency per request, its current
+    tables refreshed every second meanwhile: every shape (read through its current
+    table and the changelog's tail) equals Postgres, no ``(_lsn, _op)`` twice, and no
+    sampled acknowledgement ever passed what the tables on the store held. Iceberg: the
+    catalog in PostgreSQL."""
+    from .test_e2e_crash import TRUTH as KILLED_TRUTH
     from .test_e2e_crash import killed_runs
 
     server = store[0]
@@ -700,7 +703,9 @@ def test_a_service_sigkilled_five_times_on_s3_loses_and_duplicates_nothing(
     proxy.latency(20)
     env = {
         "TIDEMARK_SINK__ROOT": root,
-        "TIDEMARK_CURRENT__ENABLED": "false",
+        # refreshes of the current tables under the kills too (a kill mid-refresh)
+        "TIDEMARK_CURRENT__ENABLED": "true",
+        "TIDEMARK_CURRENT__REFRESH_S": "1",
         "TIDEMARK_S3__ENDPOINT": proxy.endpoint,
         "TIDEMARK_S3__REGION": REGION,
         "TIDEMARK_S3__PATH_STYLE": "true",
@@ -712,6 +717,11 @@ def test_a_service_sigkilled_five_times_on_s3_loses_and_duplicates_nothing(
         env["TIDEMARK_SINK__FORMAT"] = "iceberg"
         env["TIDEMARK_ICEBERG__CATALOG_URI"] = request.getfixturevalue("iceberg_catalog")
     killed_runs(pg_db, tmp_path, spark, root, env, kills=5)
+    # (and the current tables were refreshed meanwhile: the reads above went through them)
+    tables = {
+        f.name.split("/", 1)[0] for f in objectstore.listing(objectstore.join(root, "current"))
+    }
+    assert tables == set(KILLED_TRUTH), tables
 
 
 def store_listing(server: S3Proxy, root: str) -> dict[str, tuple[int, str]]:
