@@ -3,7 +3,7 @@ and Iceberg's Spark runtime, in a Spark of their own (``reference_readers.py``, 
 ``.venv-readers``), read every kind of table a running service leaves (changelog and
 current tables after an added column, a truncate, a resync, compaction, vacuum and
 retention, a shape on a partitioned table among them; time travel to a version and to
-the versions of one LSN; a Delta log read from tidemark's checkpoint) and get what
+the versions of one LSN; a Delta log replayed from tidemark's checkpoint) and get what
 ``tidemark.read`` gets, which equals Postgres. (On S3: ``test_s3_root``.)"""
 
 from __future__ import annotations
@@ -127,8 +127,15 @@ async def test_the_reference_readers_read_every_table_as_tidemark_does_and_equal
         reads.append(
             table_reads("current", shape, versions.current_version, f"first-current-{shape}")
         )
+    # (and, in the same reader's session, a Delta log with tidemark's checkpoint)
+    checkpointed = None
+    if table_format == "delta":
+        checkpointed = checkpointed_table(tmp_path / "checkpointed")
+        reads += checkpoint_reads(checkpointed)
     catalog = root / "_tidemark" / "iceberg.db" if table_format == "iceberg" else None
     answers = reference_read(tmp_path / "read", reads, catalog)
+    if checkpointed is not None:
+        check_checkpoint_reads(answers, tmp_path / "read", checkpointed)
 
     def got(tag: str) -> pa.Table:
         return pq.read_table(tmp_path / "read" / f"{tag}.parquet")
@@ -196,17 +203,14 @@ async def test_the_reference_readers_read_every_table_as_tidemark_does_and_equal
     assert kinds["urgent:backfill"] == 2, kinds  # the backfill, and the resync's
 
 
-def test_delta_spark_reads_a_log_from_tidemarks_checkpoint(tmp_path: Path) -> None:
-    """A table of 105 versions committed by tidemark's own log writer: delta-spark's
-    replay starts at the checkpoint tidemark wrote at version 100, and reads the rows
-    deltalake reads."""
-    from deltalake import DeltaTable
-
+def checkpointed_table(root: Path) -> str:
+    """A Delta table of 105 versions committed by tidemark's own log writer, which
+    writes a checkpoint at version 100; its path."""
     from tests.integration.test_sink_fencing import BATCH, COLUMNS, SHAPE, _batch_files
     from tidemark.sink.delta.table import ShapeTable
     from tidemark.sink.schema import table_schema
 
-    table = ShapeTable(str(tmp_path / "lake"), SHAPE)
+    table = ShapeTable(str(root), SHAPE)
     table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
     for i in range(105):
         first = i * BATCH + 1
@@ -216,18 +220,27 @@ def test_delta_spark_reads_a_log_from_tidemarks_checkpoint(tmp_path: Path) -> No
             {"tidemark.transactions": BATCH},
             first_lsn=first,
         )
-    path = str(table.path)
-    answers = reference_read(
-        tmp_path / "read",
-        [
-            {"id": "detail", "delta_detail": path},
-            {"id": "newest", "delta": path, "version": None},
-            {"id": "v50", "delta": path, "version": 50},
-        ],
-    )
-    detail = answers["detail"]
+    return str(table.path)
+
+
+def checkpoint_reads(path: str) -> list[dict[str, Any]]:
+    return [
+        {"id": "checkpoint-detail", "delta_detail": path},
+        {"id": "checkpoint-newest", "delta": path, "version": None},
+        {"id": "checkpoint-v50", "delta": path, "version": 50},
+    ]
+
+
+def check_checkpoint_reads(answers: dict[str, Any], work: Path, path: str) -> None:
+    """delta-spark's replay of the checkpointed table started at tidemark's checkpoint
+    (version 100, then 5 JSON entries), and it read the rows deltalake reads."""
+    from deltalake import DeltaTable
+
+    from tests.integration.test_sink_fencing import BATCH
+
+    detail = answers["checkpoint-detail"]
     assert (detail["version"], detail["checkpoint"], detail["entries_replayed"]) == (105, 100, 5)
-    for tag, version in (("newest", None), ("v50", 50)):
+    for tag, version in (("checkpoint-newest", None), ("checkpoint-v50", 50)):
         expected = DeltaTable(path, version=version).to_pyarrow_table()
-        same_rows(pq.read_table(tmp_path / "read" / f"{tag}.parquet"), expected, tag)
-    assert answers["newest"]["rows"] == 105 * BATCH
+        same_rows(pq.read_table(work / f"{tag}.parquet"), expected, tag)
+    assert answers["checkpoint-newest"]["rows"] == 105 * BATCH
