@@ -120,6 +120,19 @@ def settings(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy) -> Any:
     )
 
 
+def current_settings(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy, **extra: Any) -> Any:
+    """``settings`` with the current-state tables on: refreshed every second, and
+    folded at the clean stop (``extra``: more sections)."""
+    return settings_for(
+        db.dsn,
+        root,
+        SHAPES,
+        s3=s3_settings(server, proxy),
+        current={"enabled": True, "refresh_s": 1.0, "fold_on_stop": True},
+        **extra,
+    )
+
+
 async def workload(db: PgDatabase, start: int) -> None:
     await db.aexecute(
         "insert into accounts select g, 'owner ' || g, (g * 37) %% 2500,"
@@ -213,14 +226,7 @@ async def test_a_delta_root_on_s3_equals_postgres(
     root = f"s3://{BUCKET}/{secrets.token_hex(4)}/lake"
     await pg_db.aexecute(SCHEMA)
     await workload(pg_db, 1)  # before the start: the backfill's snapshot
-    # current-state tables on: refreshed every second, and folded at the clean stop
-    config = settings_for(
-        pg_db.dsn,
-        root,
-        SHAPES,
-        s3=s3_settings(server, proxy),
-        current={"enabled": True, "refresh_s": 1.0, "fold_on_stop": True},
-    )
+    config = current_settings(pg_db, root, server, proxy)
     async with running_service(config, spark) as service:
         await workload(pg_db, 1000)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
@@ -282,6 +288,7 @@ async def test_a_delta_root_on_s3_equals_postgres(
 
     frame = pl.read_delta(f"{root}/tables/gold", storage_options=objectstore.storage_options(root))
     assert frame.height > 0 and {"owner", "tier", "_lsn", "_op"} <= set(frame.columns)
+    proxy.clear()  # (the latency is for the service: the readers' requests need not wait)
     check_reference_reader(pg_db, root, tmp_path / "reference")
 
 
@@ -342,13 +349,7 @@ async def test_teardown_purge_removes_the_instances_objects_from_the_bucket(
     root = f"{base}/lake"
     await pg_db.aexecute(SCHEMA)
     await workload(pg_db, 1)
-    config = settings_for(
-        pg_db.dsn,
-        root,
-        SHAPES,
-        s3=s3_settings(server, proxy),
-        current={"enabled": True, "refresh_s": 1.0, "fold_on_stop": True},
-    )
+    config = current_settings(pg_db, root, server, proxy)
     async with running_service(config, spark) as service:
         await workload(pg_db, 1000)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
@@ -388,14 +389,8 @@ def iceberg_catalog(pg_db: PgDatabase, monkeypatch: pytest.MonkeyPatch) -> Itera
 
 
 def iceberg_settings(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy, uri: str) -> Any:
-    return settings_for(
-        db.dsn,
-        root,
-        SHAPES,
-        s3=s3_settings(server, proxy),
-        current={"enabled": True, "refresh_s": 1.0, "fold_on_stop": True},
-        sink={"format": "iceberg"},
-        iceberg={"catalog_uri": uri},
+    return current_settings(
+        db, root, server, proxy, sink={"format": "iceberg"}, iceberg={"catalog_uri": uri}
     )
 
 
@@ -485,6 +480,7 @@ async def test_an_iceberg_root_on_s3_equals_postgres(
         await workload(pg_db, 2000)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
     check_iceberg_readers(spark, pg_db, root, iceberg_catalog, server, proxy)
+    proxy.clear()  # (the latency is for the service: the readers' requests need not wait)
     check_reference_reader(pg_db, root, tmp_path / "reference", iceberg_catalog)
 
 
