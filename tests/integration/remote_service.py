@@ -47,6 +47,9 @@ def service_env(
             "TIDEMARK_SHAPES": json.dumps(shapes),
             "TIDEMARK_LOG_FORMAT": "json",
             "TIDEMARK_CURRENT__FOLD_ON_STOP": "false",  # (the demo test's)
+            # the JVM's warm-up (4-7 s of a core at each start) is test_warm_up's and
+            # the lease tests'; elsewhere it only competes with the other worker
+            "TIDEMARK_SPARK__WARM_UP": "false",
         }
     )
     for key, value in spark.items():

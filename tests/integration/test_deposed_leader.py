@@ -428,7 +428,7 @@ def test_a_leader_whose_lease_check_hangs_stops_writing_within_the_deadline(
     slot = "tm_hang"
     port = free_port()
     log = tmp_path / "leader.log"
-    env = service_env(dsn=pg_db.dsn, root=root, port=port, name=slot, shapes=SHAPES)
+    env = service_env(dsn=pg_db.dsn, root=root, port=port, name=slot, shapes=SHAPES, warm_up="true")
     env["TIDEMARK_LEASE__DEADLINE_S"] = "3"
     proc = start_service(env, log)
     workload = Workload(pg_db.dsn)

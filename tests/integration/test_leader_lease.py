@@ -172,7 +172,9 @@ async def test_a_standby_takes_over_a_killed_leader_without_loss_or_duplicates(
     ports = [free_port(), free_port()]
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
     envs = [
-        service_env(dsn=pg_db.dsn, root=root, port=port, name="tm_ha", shapes=SHAPES)
+        service_env(
+            dsn=pg_db.dsn, root=root, port=port, name="tm_ha", shapes=SHAPES, warm_up="true"
+        )
         for port in ports
     ]
     leader = start_service(envs[0], logs[0])

@@ -53,7 +53,9 @@ async def test_a_fresh_jvm_is_warmed_outside_the_root_and_the_stream_is_exact(
     root, temp, log = tmp_path / "lake", tmp_path / "tmp", tmp_path / "tidemark.log"
     temp.mkdir()
     port = free_port()
-    env = service_env(dsn=pg_db.dsn, root=root, port=port, name="tm_warm", shapes=SHAPES)
+    env = service_env(
+        dsn=pg_db.dsn, root=root, port=port, name="tm_warm", shapes=SHAPES, warm_up="true"
+    )
     env["TMPDIR"] = str(temp)
     proc = start_service(env, log)
     try:
