@@ -63,6 +63,13 @@ def holds(shape: str, done: int | None, first: int, end_lsn: int) -> bool:
     return False
 
 
+def folder_present(path: Location) -> bool:
+    """Whether a table's folder is there (on an object store: any object below it)."""
+    if is_remote(path):
+        return bool(objectstore.listing(path))
+    return Path(path).exists()
+
+
 def move_aside(root: Location, shape: str, path: Location) -> Location:
     """Move a damaged table's folder ``path`` to ``<root>/damaged/<shape>-<time>/`` (kept
     for a look, never read by tidemark again), durably; returns where it went. On an

@@ -22,14 +22,14 @@ import structlog
 from tidemark.errors import SinkError
 from tidemark.sink import current, retention
 from tidemark.sink.current import current_path
-from tidemark.sink.folder import move_aside
+from tidemark.sink.folder import folder_present, move_aside
 from tidemark.sink.iceberg import snapshots
 from tidemark.sink.iceberg.catalog import open_catalog
 from tidemark.sink.iceberg.current import IcebergCurrent
 from tidemark.sink.iceberg.table import IcebergChangelog, expire, remove_unreferenced
 from tidemark.sink.port import ChangelogTable
 from tidemark.state import fencing, objectstore
-from tidemark.state.objectstore import Location, is_remote, join
+from tidemark.state.objectstore import Location, join
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -93,7 +93,7 @@ class IcebergFormat(current.Refreshing):
         except Exception as exc:  # (already gone: a restart after a set-aside)
             log.warning("table.drop_failed", table=table.name, error=str(exc))
         aside = join(table.root, "damaged", f"{table.shape}-gone")
-        if objectstore.listing(table.path) if is_remote(table.path) else Path(table.path).exists():
+        if folder_present(table.path):
             aside = move_aside(table.root, table.shape, table.path)
         table.refresh_handle()
         return aside
