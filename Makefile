@@ -94,9 +94,12 @@ objectstore:
 # runs 4.3. pyspark 4.1 in .venv-readers (jars/readers/requirements.txt), the jars by
 # Maven into .jars/readers/ (jars/readers/pom.xml, checksums beside it: with the JDBC
 # drivers of the Iceberg catalogs and S3A of pyspark 4.1's Hadoop, for tables on S3).
+# Beside them, Iceberg's own REST catalog server (tests/integration/rest_catalog.py), by
+# Maven into .jars/restcatalog/ (jars/restcatalog/pom.xml, 30 MB).
 READERS_VENV := .venv-readers
 readers: $(READERS_VENV)/.installed
 	@sh jars/fetch.sh jars/readers .jars/readers
+	@sh jars/fetch.sh jars/restcatalog .jars/restcatalog
 
 $(READERS_VENV)/.installed: jars/readers/requirements.txt
 	@test -x $(READERS_VENV)/bin/python || $(PYTHON) -m venv $(READERS_VENV)

@@ -96,12 +96,15 @@ def _shown(path: Path) -> str:
 class Child:
     """A server process of a test: output in a log file, SIGTERM when we die."""
 
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log = log
         with log.open("wb") as out:
             self.process = subprocess.Popen(
                 [*death_signal_prefix(signal.SIGTERM), *argv],
+                env=None if env is None else {**os.environ, **env},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

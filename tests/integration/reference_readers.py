@@ -19,7 +19,8 @@ The request names the jars, a folder for the rows, S3A's settings for tables on 
   catalog (``catalog``: ``uri`` ``jdbc:sqlite:...`` or ``jdbc:postgresql:...``,
   ``warehouse``, and ``jdbc.user``/``jdbc.password`` where it needs them; Iceberg's
   ``JdbcCatalog`` named as pyiceberg names it, ``tidemark``, since it keeps only the
-  rows of its own name);
+  rows of its own name), or through a REST catalog (``catalog``: ``type`` ``rest``,
+  ``uri``);
 * ``{"iceberg_path": metadata_location}``: the same reader given the metadata file, no
   catalog;
 * ``{"iceberg_snapshots": identifier}``: the snapshots metadata table (id, parent,
@@ -66,15 +67,13 @@ def session(request: dict[str, Any]) -> Any:
     for key, value in (request.get("hadoop") or {}).items():  # S3A, for tables on S3
         builder = builder.config(f"spark.hadoop.{key}", value)
     catalog = request.get("catalog")
-    if catalog:  # Iceberg's JdbcCatalog over tidemark's SQL catalog (SQLite or PostgreSQL)
+    if catalog:  # Iceberg's JdbcCatalog over tidemark's SQL catalog (SQLite or
+        # PostgreSQL), or its REST catalog client (``type`` ``rest``)
         prefix = f"spark.sql.catalog.{CATALOG}"
-        builder = (
-            builder.config(prefix, "org.apache.iceberg.spark.SparkCatalog")
-            .config(f"{prefix}.type", "jdbc")
-            # JdbcCatalog refuses to start without one; only new tables would use it
-            .config(f"{prefix}.warehouse", catalog.pop("warehouse"))
+        builder = builder.config(prefix, "org.apache.iceberg.spark.SparkCatalog").config(
+            f"{prefix}.type", catalog.pop("type", "jdbc")
         )
-        for key, value in catalog.items():  # uri, jdbc.user, jdbc.password
+        for key, value in catalog.items():  # uri, warehouse, jdbc.user, jdbc.password
             builder = builder.config(f"{prefix}.{key}", value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

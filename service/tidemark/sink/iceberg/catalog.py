@@ -88,8 +88,9 @@ def _open(root: str | Path, uri: str, settings: IcebergSettings) -> Catalog:
         **settings.properties,
     }
     shown = redact_dsn(uri) if "://" in uri and "@" in uri else uri
+    rest = uri.startswith(("http://", "https://"))
     try:
-        if uri.startswith(("http://", "https://")):
+        if rest:
             from pyiceberg.catalog.rest import RestCatalog
 
             catalog: Catalog = RestCatalog(CATALOG_NAME, uri=uri, **properties)
@@ -105,11 +106,16 @@ def _open(root: str | Path, uri: str, settings: IcebergSettings) -> Catalog:
         for namespace in (settings.namespace, current_namespace(settings.namespace)):
             catalog.create_namespace_if_not_exists(namespace)
     except Exception as exc:
+        what = (
+            "is the REST catalog up at that address, with that path? does it need a "
+            "token or credential in [iceberg] properties?"
+            if rest
+            else "is the server up, the database there, the role allowed to create tables?"
+        )
         raise SinkError(
             f"cannot use the Iceberg catalog at {shown}: "
-            f"{redact_text(_first_line(exc), uri)}. Check [iceberg] catalog_uri (is the "
-            "server up, the database there, the role allowed to create tables?) and "
-            f"that namespace {settings.namespace!r} can be created"
+            f"{redact_text(_first_line(exc), uri)}. Check [iceberg] catalog_uri ({what}) "
+            f"and that namespace {settings.namespace!r} can be created"
         ) from exc
     log.info("iceberg.catalog", uri=shown, namespace=settings.namespace)
     return catalog
