@@ -36,7 +36,9 @@ from bench import sink_format, sink_sync, sink_sync_method
 from tidemark.demo.postgres import EmbeddedPostgres
 from tidemark.lsn import Lsn, format_lsn
 
-SHAPES = 10
+# the shapes the rows are spread over (``grp = k``); 1 puts every row in one shape, as
+# the subscriber has one table
+SHAPES = int(os.environ.get("TIDEMARK_BENCH_E2E_SHAPES", "10"))
 
 
 WIDE_COLUMNS = 30  # text columns of the wide table, ~30 bytes each
