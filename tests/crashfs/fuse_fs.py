@@ -266,7 +266,7 @@ class CrashOps(mfusepy.Operations):
             return
         fuse = ctypes.c_void_p(self._fuse)
         for top, dirs, files in os.walk(self.backing):
-            rel = "/" + os.path.relpath(top, self.backing).lstrip(".")
+            rel = "/" + os.path.relpath(top, self.backing) if top != self.backing else "/"
             for name in [None, *dirs, *files]:
                 path = rel if name is None else os.path.join(rel, name)
                 _libfuse_invalidate(fuse, path.encode())

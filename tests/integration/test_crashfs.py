@@ -9,6 +9,7 @@ fdatasync on a read-only descriptor, fsync on a read-only directory descriptor
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -347,24 +348,31 @@ def test_after_the_freeze_every_operation_fails_with_eio(crashfs: CrashFS) -> No
 def test_names_the_kernel_caches_fail_too_after_the_freeze(crashfs: CrashFS) -> None:
     """The kernel keeps names and attributes for a moment (most stats never reach the
     daemon), and forgets them at the cut: a stat, a path walk and a listing through
-    names it had just seen fail with EIO, as on a disk that is gone."""
-    (crashfs.root / "d" / "e").mkdir(parents=True)
-    write_file(crashfs.root / "d" / "e" / "f", b"x", fsync=False)
+    names it had just seen fail with EIO, as on a disk that is gone (a hidden folder
+    too, as Spark's ``.spark-staging-*``)."""
+    top = crashfs.root / ".d"
+    (top / "e").mkdir(parents=True)
+    write_file(top / "e" / "f", b"x", fsync=False)
     ops = crashfs.stats()["ops"].get("getattr", 0)
     for _ in range(200):
-        os.stat(crashfs.root / "d" / "e" / "f")
+        os.stat(top / "e" / "f")
     asked = crashfs.stats()["ops"].get("getattr", 0) - ops
     assert asked < 50, f"200 stats asked the daemon {asked} times: the kernel caches nothing"
+    fd = os.open(top / "e" / "f", os.O_RDONLY)
+    os.fstat(fd)
     crashfs.freeze()
     for action in (
-        lambda: os.stat(crashfs.root / "d" / "e" / "f"),
-        lambda: os.stat(crashfs.root / "d"),
-        lambda: os.listdir(crashfs.root / "d" / "e"),
-        lambda: open(crashfs.root / "d" / "e" / "f", "rb").close(),
+        lambda: os.fstat(fd),  # (no path walk: the file's own attributes)
+        lambda: os.stat(top / "e" / "f"),
+        lambda: os.stat(top),
+        lambda: os.listdir(top / "e"),
+        lambda: open(top / "e" / "f", "rb").close(),
     ):
         with pytest.raises(OSError) as e:
             action()
         assert e.value.errno == errno.EIO
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 # -- processes and mounts ---------------------------------------------------------------------
