@@ -117,7 +117,7 @@ async def _receive(work: Workload, proto: int) -> tuple[float, list[bytes], int,
                 payloads.extend(item.payloads)
                 nbytes += sum(len(p) for p in item.payloads)
                 client.consumed(item)  # (the reader waits once queue_bytes are queued)
-                client.note_durable(item.last_lsn)
+                client.feedback.note_durable(item.last_lsn)
                 if item.last_lsn >= work.end_lsn:
                     break
             elif isinstance(item, KeepaliveMark) and item.wal_end >= work.end_lsn:

@@ -5,13 +5,15 @@ decoder + ``ShapeLogCollector``), the flush scheduler (Spark jobs), backfills, t
 (checks against ``pg_stat_replication``), the HTTP API, and housekeeping
 (frontiers, metrics, systemd watchdog, table maintenance).
 
-Acknowledgement path: writers commit -> ``FlushTracker`` notifies ``D`` ->
-``ReplicationClient.note_durable(D)`` -> status update, sent only after
-``ContinuityStore.before_send`` made ``D`` (and any claim invalidation) durable.
-When the consumer has processed the stream up to a keepalive with no transaction
-open and the tracker caught up, the keepalive's ``wal_end`` is acknowledged too
-(re-checked after every keepalive and every tracker notification, never
-remembered as a flag).
+Acknowledgement path: writers commit -> ``FlushTracker`` notifies ``D`` to the
+acknowledgement, ``Feedback.note_durable(D)`` (the service owns it; then the
+tracker's other listener, ``_after_durable``, promotes shapes and records the ack
+lag) -> the replication client asks ``Feedback`` what to send -> status update, sent
+only after ``ContinuityStore.before_send`` made ``D`` (and any claim invalidation)
+durable. When the consumer has processed the stream up to a keepalive with no
+transaction open and the tracker caught up, the keepalive's ``wal_end`` is
+acknowledged too (``Feedback``'s idle rule, re-checked after every keepalive and
+every tracker notification, never remembered as a flag).
 
 Start: the stream the shapes' claims were made on is checked against the source
 (``tidemark.continuity``) before any shape is activated; a gap stops the service
@@ -66,6 +68,7 @@ from tidemark.observability import Metrics, refresh_metrics
 from tidemark.reload import ReloadPlan, plan_reload
 from tidemark.replication import slot as slots
 from tidemark.replication.client import ReplicationClient, SourceConfig
+from tidemark.replication.feedback import Feedback
 from tidemark.replication.monitor import ReplicationMonitor, ReplicationSample, Violation
 from tidemark.replication.observe import observe_stream
 from tidemark.replication.protocol import StreamStarted
@@ -150,7 +153,12 @@ class Service:
         self.started_at = time.time()
         self.http_port: int | None = None
         self.violations: list[Violation] = []
-        self.tracker = FlushTracker(self._on_durable, clock=time.monotonic)
+        # the acknowledgement (tidemark.replication.feedback): the tracker tells it of
+        # every durable position; the replication client starts it and asks it
+        self.feedback = Feedback(txn_open=lambda: self.collector.in_txn)
+        self.tracker = FlushTracker(
+            self.feedback.note_durable, self._after_durable, clock=time.monotonic
+        )
         self.store = ContinuityStore(settings.sink.root, settings.instance.name)
         self.guard = ContinuityGuard(self.store, settings.source.on_stream_gap, held=self._held_lsn)
         # the sink's table format (tidemark.sink.port); the root's claimed at start
@@ -202,7 +210,9 @@ class Service:
         self._fence = fencing.current()
         self._deposed = asyncio.Event()  # a newer leader took over (tidemark.state.fencing)
         self._deposed_exit: threading.Timer | None = None
-        self.consumer = StreamConsumer(self.collector, self.metrics, on_started=self._started)
+        self.consumer = StreamConsumer(
+            self.collector, self.metrics, feedback=self.feedback, on_started=self._started
+        )
         self._consume_lock = self.consumer.lock
         self._frontiers_dirty = True
         self._audit_next = 0
@@ -258,12 +268,11 @@ class Service:
 
     # -- acknowledgement -----------------------------------------------------------
 
-    def _on_durable(self, lsn: int, caught_up: bool) -> None:
-        """FlushTracker notification: every transaction with commit LSN <= lsn is durable;
-        ``caught_up``: no shape owes a flush (idle, with no transaction open here)."""
+    def _after_durable(self, lsn: int, _caught_up: bool) -> None:
+        """FlushTracker notification, after the acknowledgement's: every transaction with
+        commit LSN <= lsn is durable. What follows durability: the frontiers file is
+        due, shapes whose backfill it reached go live, the ack lag is recorded."""
         self._frontiers_dirty = True
-        if self.client is not None:
-            self.client.note_durable(lsn, caught_up and not self.collector.in_txn)
         self.shapeset.promote()
         lag = self.consumer.acknowledged(lsn)
         if lag is not None:
@@ -366,6 +375,7 @@ class Service:
                     reconnect_max_s=src.reconnect_max_s,
                 ),
                 guard=self.guard,
+                feedback=self.feedback,
             )
             self.monitor = ReplicationMonitor(
                 src.dsn,
@@ -628,8 +638,8 @@ class Service:
         for task in tasks:
             task.cancel()
         self.phase = "stopped"
-        fb = self.client.feedback if self.client else None
-        log.info("service.stopped", flushed_lsn=format_lsn(fb.flush_lsn) if fb else None)
+        fb = self.feedback
+        log.info("service.stopped", flushed_lsn=format_lsn(fb.flush_lsn) if fb.started else None)
 
     async def _fold_on_stop(self, seconds: float) -> None:
         """A clean stop folds the current tables that have committed rows not yet folded
@@ -766,12 +776,11 @@ class Service:
         oldest transaction it has not committed; one that owes nothing is complete up
         to what the stream has processed (and what was acknowledged), even while
         another shape holds the acknowledgement back."""
-        client = self.client
-        if client is None or client.feedback is None:
+        if not self.feedback.started:
             return None
         flushed = self.tracker.last_flushed_of(shape)
         owed_from = None if flushed is None else flushed.tx_offset
-        return rules.frontier(owed_from, client.feedback.flush_lsn, self._processed())
+        return rules.frontier(owed_from, self.feedback.flush_lsn, self._processed())
 
     def shape_state(self, name: str) -> tuple[str, str | None]:
         """The state and error a user sees: the shape's own, or ``error`` while its
@@ -806,11 +815,11 @@ class Service:
         return self.consumer.waited_since(frontier)
 
     def progress(self) -> Progress:
-        fb = self.client.feedback if self.client else None
+        fb = self.feedback
         return Progress(
-            received_lsn=fb.received if fb else 0,
-            flushed_lsn=fb.flush_lsn if fb else 0,
-            applied_lsn=fb.flush_lsn if fb else 0,
+            received_lsn=fb.received if fb.started else 0,
+            flushed_lsn=fb.flush_lsn if fb.started else 0,
+            applied_lsn=fb.flush_lsn if fb.started else 0,
             durable_lsn=self.tracker.durable_lsn,
             frontiers={name: f for name in self.shapes if (f := self.frontier(name)) is not None},
         )
@@ -822,8 +831,7 @@ class Service:
         return None if record is None else record.definition
 
     def received_lsn(self) -> int | None:
-        client = self.client
-        return client.feedback.received if client is not None and client.feedback else None
+        return self.feedback.received if self.feedback.started else None
 
     def writer_facts(self, name: str) -> WriterFacts | None:
         writer = self.scheduler.writers.get(name) if self.scheduler else None
@@ -976,8 +984,8 @@ class Service:
         if name is None or name not in self.shapes or self.shape_state(name)[0] != ShapeState.ERROR:
             return None
         frontier = self._raw_frontier(name)
-        fb = self.client.feedback if self.client else None
-        received = fb.received if fb else 0
+        fb = self.feedback
+        received = fb.received if fb.started else 0
         return name, max(0, received - (frontier or 0))
 
     def stalled_shapes(self) -> list[Stall]:

@@ -58,7 +58,7 @@ class RecordingConsumer:
                     self._on_message(self.decoder.decode(payload))
             elif isinstance(item, KeepaliveMark):
                 self.keepalives += 1
-                self.client.keepalive_reached(
+                self.client.feedback.keepalive_reached(
                     item.wal_end, self.open_txn is None and not self.withheld
                 )
 
@@ -74,7 +74,7 @@ class RecordingConsumer:
                 return  # replayed after a reconnect: already have it
             self.txns.append(txn)
             if self.durable:
-                self.client.note_durable(msg.commit_lsn)
+                self.client.feedback.note_durable(msg.commit_lsn)
             else:
                 self.withheld.append(msg.commit_lsn)
         elif isinstance(msg, m.Relation):
@@ -85,7 +85,7 @@ class RecordingConsumer:
     def release(self) -> None:
         """The stalled writer catches up."""
         for lsn in self.withheld:
-            self.client.note_durable(lsn)
+            self.client.feedback.note_durable(lsn)
         self.withheld.clear()
 
     def rows(self, relname: str) -> list[tuple[str, tuple[object, ...]]]:

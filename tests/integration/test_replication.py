@@ -62,7 +62,7 @@ async def test_keepalive_replies_keep_a_paused_consumer_connected(pg_db: PgDatab
     dsn = pg_db.dsn + "?options=-c%20wal_sender_timeout%3D2s"
     async with streaming(config(pg_db, dsn=dsn), queue_batches=1) as consumer:
         client = consumer.client
-        assert client.feedback is not None
+        assert client.feedback.started
         assert client.feedback.keepalive_interval_s == pytest.approx(2 / 3)
         pid = client.stats.walsender_pid
         # when the consumer stops taking data for ~7 s while writes keep coming
@@ -176,7 +176,7 @@ async def test_monitor_sees_exactly_what_was_sent(pg_db: PgDatabase) -> None:
             "tm_slot",
             walsender_pid=lambda: client.stats.walsender_pid,
             sent_history=lambda: client.stats.history,
-            durable_frontier=lambda: client.feedback.flush_lsn if client.feedback else None,
+            durable_frontier=lambda: client.feedback.flush_lsn if client.feedback.started else None,
         )
         # when Postgres has processed our latest status update
         sent = client.stats.history[-1]

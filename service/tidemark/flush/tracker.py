@@ -153,27 +153,28 @@ class FlushTracker:
         "_durable_lsn",
         "_global",
         "_last_seen",
+        "_listeners",
         "_min",
-        "_notify",
         "_pending",
     )
 
     def __init__(
         self,
-        notify: Callable[[int, bool], object],
-        *,
+        *listeners: Callable[[int, bool], object],
         clock: Callable[[], float],
         durable_lsn: int | None = None,
     ) -> None:
-        """``notify(D, caught_up)`` is called on every advance of the durable LSN ``D``;
-        ``caught_up``: no shape owes a flush at that moment (everything seen is
-        durable), so the listener need not ask the tracker back from inside it.
+        """Each listener is called ``listener(D, caught_up)`` on every advance of the
+        durable LSN ``D``, in the order given (the service's: the acknowledgement
+        first, then what follows durability); ``caught_up``: no shape owes a flush at
+        that moment (everything seen is durable), so a listener need not ask the
+        tracker back from inside it.
 
         ``clock`` gives the time (seconds, monotonic) recorded when a shape starts
         owing a flush. ``durable_lsn`` is what is already confirmed to Postgres (the
         slot's ``confirmed_flush_lsn`` on restart): notifications stay above it.
         """
-        self._notify = notify
+        self._listeners = listeners
         self._clock = clock
         self._durable_lsn = durable_lsn
         self._last_seen: _Key = _key(LogOffset.before_all())
@@ -351,4 +352,5 @@ class FlushTracker:
         # the global offset without changing tx_offset - 1.
         if self._durable_lsn is None or lsn > self._durable_lsn:
             self._durable_lsn = lsn
-            self._notify(lsn, caught_up)
+            for listener in self._listeners:
+                listener(lsn, caught_up)

@@ -129,7 +129,10 @@ class ReplicationClient:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         guard: StreamGuard | None = None,
+        feedback: Feedback | None = None,
     ) -> None:
+        """``feedback``: the acknowledgement, the service's (the tracker notifies it);
+        one of the client's own when None (a client without a service: tests, bench)."""
         check_name("slot", config.slot)
         self.guard = guard
         check_name("publication", config.publication)
@@ -137,7 +140,7 @@ class ReplicationClient:
         self.queue: asyncio.Queue[StreamItem] = queue or asyncio.Queue(config.queue_batches)
         self._queued_bytes = 0
         self._drained = asyncio.Event()
-        self.feedback: Feedback | None = None
+        self.feedback = feedback if feedback is not None else Feedback()
         self.stats = ClientStats()
         self.start_lsn: int | None = None
         self.server_major: int | None = None
@@ -149,31 +152,13 @@ class ReplicationClient:
         self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
         self._stopping = False
         self._wake = asyncio.Event()
+        self.feedback.on_change = self._wake.set  # what to send may have changed
         self._sender: asyncio.Task[None] | None = None
         self._dropping: str | None = None  # end the current stream: why (drop_stream)
         self._reading: asyncio.Future[None] | None = None  # the read loop's wait
         self._closing: set[asyncio.Future[None]] = set()
 
     # -- inputs from the pipeline --------------------------------------------
-
-    def note_durable(self, lsn: int, idle: bool = False) -> None:
-        """The FlushTracker's notification: transactions with commit LSN <= lsn are
-        durable (``Feedback.note_durable``; ``idle``: nothing open or pending now)."""
-        if self.feedback is not None:
-            self.feedback.note_durable(lsn, idle)
-            self._wake.set()
-
-    def keepalive_reached(self, wal_end: int, idle: bool) -> None:
-        """The consumer reached a keepalive at ``wal_end`` (``idle``: with nothing open
-        or pending)."""
-        if self.feedback is not None:
-            self.feedback.keepalive_reached(wal_end, idle)
-            self._wake.set()
-
-    def stream_reached(self) -> None:
-        """The consumer reached the start of a new stream (``StreamStarted``)."""
-        if self.feedback is not None:
-            self.feedback.stream_restarted()
 
     def drop_stream(self, reason: str) -> None:
         """End the current stream now and connect again later, as after a connection
@@ -248,7 +233,7 @@ class ReplicationClient:
             return
         pgconn = conn.pgconn
         try:
-            if self.feedback is not None:
+            if self.feedback.started:
                 await self._send(self.feedback.current())
             pgconn.put_copy_end(None)
             await self._flush_out()
@@ -266,7 +251,7 @@ class ReplicationClient:
                     await self._wait_readable(max(0.0, deadline - self._clock()))
             log.info(
                 "replication.stopped",
-                flush_lsn=format_lsn(self.feedback.flush_lsn) if self.feedback else None,
+                flush_lsn=format_lsn(self.feedback.flush_lsn) if self.feedback.started else None,
             )
         except ConnectionLost:
             # the receive loop closed the connection while the final update waited (it
@@ -380,9 +365,11 @@ class ReplicationClient:
         timeout_row = await cur.fetchone()
         timeout_s = _parse_duration_s(str(timeout_row[0]) if timeout_row else "60s")
         slot_lsn = await self._slot_start_lsn(repl, dbname, reconnect, self.system)
-        if self.feedback is None:
-            self.feedback = Feedback(slot_lsn, keepalive_interval_s=keepalive_interval(timeout_s))
-        self.feedback.receive_timeout_s = receive_timeout(timeout_s)
+        self.feedback.start(
+            slot_lsn,
+            keepalive_interval_s=keepalive_interval(timeout_s),
+            receive_timeout_s=receive_timeout(timeout_s),
+        )
         # Resume from what we know is durable; Postgres uses max(this, confirmed_flush).
         start = max(slot_lsn, self.feedback.flush_lsn)
         self.start_lsn = start if self.start_lsn is None else self.start_lsn
@@ -471,7 +458,7 @@ class ReplicationClient:
         """Read the stream until stopped: what the frames mean is ``protocol.drain``'s;
         here the waits, the positions fed to ``Feedback`` and the queue."""
         conn = self._conn
-        assert conn is not None and self.feedback is not None
+        assert conn is not None and self.feedback.started
         pgconn = conn.pgconn
         get_copy_data = pgconn.get_copy_data
         feedback = self.feedback
@@ -539,7 +526,6 @@ class ReplicationClient:
 
     async def _status_sender(self) -> None:
         feedback = self.feedback
-        assert feedback is not None
         while not self._stopping:
             now = self._clock()
             update = feedback.due(now)
@@ -551,7 +537,7 @@ class ReplicationClient:
 
     async def _send(self, update: StatusUpdate) -> None:
         conn = self._conn
-        if conn is None or conn.closed or self.feedback is None:
+        if conn is None or conn.closed or not self.feedback.started:
             raise ConnectionLost("status update on a closed replication connection")
         if self.guard is not None:
             await self.guard.before_send(update.flush_lsn)

@@ -20,15 +20,19 @@ Rules, each enforced here and unit-tested:
    everything before W. When the consumer has processed the stream up to that
    keepalive (``keepalive_reached``), has no transaction open and the tracker holds
    nothing pending, everything before W is durable, so W may be acknowledged.
-   "Nothing pending" is not a flag that can go stale: it is given (``idle``) with
-   each input that can change it, the keepalive reached and every tracker
-   notification (``note_durable``), and the last keepalive reached becomes an idle
-   point only at such a moment. A new stream forgets it (``stream_restarted``):
-   the keepalives of the connection before say nothing of the one after.
+   "Nothing pending" is not a flag that can go stale: the tracker's ``caught_up`` is
+   given with each input that can change it, the keepalive reached and every
+   tracker notification (``note_durable``), and "no transaction open" is asked
+   (``txn_open``) at that moment; the last keepalive reached becomes an idle point
+   only then. A new stream forgets it (``stream_restarted``): the keepalives of the
+   connection before say nothing of the one after.
 
-This class is the one owner of the acknowledgement: the service gives it the
-tracker's notifications and the consumer's keepalives, the replication client asks
-it what to send and when.
+This class is the one owner of the acknowledgement. The service makes it and the
+FlushTracker notifies it (``note_durable`` is a tracker listener); the consumer tells
+it the keepalives it reached; the replication client starts it at its first
+connection (``start``: the slot's position and the server's timeouts), feeds it what
+the socket brings and asks it what to send and when (``on_change`` wakes the
+client's sender).
 
 When to send: at once when a keepalive asks for a reply; when flush advanced
 (debounced by ``min_interval``); and at least every ``keepalive_interval``, which
@@ -38,6 +42,7 @@ even while the consumer is paused and the socket is not being read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -56,21 +61,36 @@ def keepalive_interval(wal_sender_timeout_s: float) -> float:
     return min(wal_sender_timeout_s / 3.0, 10.0)
 
 
+def _no_transaction_open() -> bool:
+    return False
+
+
+def _nobody() -> None:
+    return None
+
+
 class Feedback:
     """The positions to report and the decision when to report them."""
 
     def __init__(
         self,
-        start_lsn: int,
+        start_lsn: int | None = None,
         *,
         keepalive_interval_s: float = 10.0,
         min_interval_s: float = 0.05,
         receive_timeout_s: float | None = None,
+        txn_open: Callable[[], bool] = _no_transaction_open,
     ) -> None:
+        """``start_lsn``: the slot's confirmed position, or None until the client's
+        first connection tells it (``start``). ``txn_open``: whether the stream has a
+        transaction open now (the collector's), asked by the idle rule."""
         # Everything before the slot's confirmed position is durable by definition.
-        self.received = start_lsn
-        self.durable = start_lsn
-        self.idle_point = start_lsn
+        self.started = start_lsn is not None
+        self.received = start_lsn or 0
+        self.durable = start_lsn or 0
+        self.idle_point = start_lsn or 0
+        self._txn_open = txn_open
+        self.on_change: Callable[[], object] = _nobody  # the client's sender wakes
         self._keepalive_reached: int | None = None  # the last one the consumer reached
         self.keepalive_interval_s = keepalive_interval_s
         self.min_interval_s = min_interval_s
@@ -85,6 +105,18 @@ class Feedback:
         self._pinged = False
 
     # -- inputs --------------------------------------------------------------
+
+    def start(
+        self, slot_lsn: int, *, keepalive_interval_s: float, receive_timeout_s: float | None
+    ) -> None:
+        """A connection of the replication client: the first one gives the slot's
+        confirmed position (where the positions start) and the update interval; every
+        one gives the receive timeout (from the server's ``wal_sender_timeout``)."""
+        if not self.started:
+            self.started = True
+            self.received = self.durable = self.idle_point = slot_lsn
+            self.keepalive_interval_s = keepalive_interval_s
+        self.receive_timeout_s = receive_timeout_s
 
     def note_received(self, lsn: int) -> None:
         """XLogData start or keepalive ``wal_end`` seen on the socket."""
@@ -115,21 +147,32 @@ class Feedback:
         if reply_requested:
             self._reply_due = True
 
-    def note_durable(self, lsn: int, idle: bool = False) -> None:
-        """The FlushTracker's notification ``D``; ``idle``: at this moment no transaction
-        is open and no writer holds anything (the last keepalive reached is then an
-        idle point)."""
+    def note_durable(self, lsn: int, caught_up: bool = False) -> None:
+        """The FlushTracker's notification ``D``; ``caught_up``: no writer holds
+        anything at this moment (with no transaction open, the last keepalive reached
+        is then an idle point). Ignored before the first connection, whose slot
+        position is where the positions start."""
+        if not self.started:
+            return
         if lsn > self.durable:
             self.durable = lsn
-        if idle and self._keepalive_reached is not None:
+        if self._keepalive_reached is not None and self._idle(caught_up):
             self.note_idle(self._keepalive_reached)
+        self.on_change()
 
-    def keepalive_reached(self, wal_end: int, idle: bool) -> None:
-        """The consumer processed the stream up to a keepalive at ``wal_end``; ``idle``
-        as for ``note_durable``, at this moment."""
+    def keepalive_reached(self, wal_end: int, caught_up: bool) -> None:
+        """The consumer processed the stream up to a keepalive at ``wal_end``;
+        ``caught_up`` as for ``note_durable``, at this moment."""
+        if not self.started:
+            return
         self._keepalive_reached = wal_end
-        if idle:
+        if self._idle(caught_up):
             self.note_idle(wal_end)
+        self.on_change()
+
+    def _idle(self, caught_up: bool) -> bool:
+        """The idle rule: nothing pending in any writer and no transaction open."""
+        return caught_up and not self._txn_open()
 
     def stream_restarted(self) -> None:
         """The consumer reached a new stream: no keepalive of it is reached yet."""

@@ -280,11 +280,6 @@ class ShapeLogCollector:
     def in_txn(self) -> bool:
         return self._txn is not None or self._skipping
 
-    @property
-    def idle(self) -> bool:
-        """No transaction open here and nothing pending in the tracker."""
-        return not self.in_txn and self.tracker.is_caught_up
-
     def stream_restarted(self) -> None:
         """The walsender connection restarted: it re-sends the open transaction and
         describes every relation again."""

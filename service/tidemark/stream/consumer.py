@@ -29,6 +29,7 @@ from tidemark.errors import ProtocolError
 from tidemark.observability import Metrics
 from tidemark.pgoutput.decoder import PgOutputDecoder
 from tidemark.replication.client import ReplicationClient
+from tidemark.replication.feedback import Feedback
 from tidemark.replication.protocol import KeepaliveMark, StreamStarted, WalBatch
 from tidemark.stream.collector import ShapeLogCollector
 
@@ -53,9 +54,13 @@ class StreamConsumer:
         collector: ShapeLogCollector,
         metrics: Metrics,
         *,
+        feedback: Feedback,
         on_started: Callable[[StreamStarted], None],
     ) -> None:
+        """``feedback``: the acknowledgement, told each keepalive the consumer reaches
+        and each new stream (the idle rule needs to know how far it got)."""
         self.collector = collector
+        self.feedback = feedback
         self.metrics = metrics
         self.lock = asyncio.Lock()
         self.decoder: PgOutputDecoder | None = None
@@ -80,10 +85,12 @@ class StreamConsumer:
                         # every transaction before it was processed; what writers still
                         # hold of them bounds the acknowledgement on its own
                         self.idle_processed = item.wal_end
-                    client.keepalive_reached(item.wal_end, self.collector.idle)
+                    self.feedback.keepalive_reached(
+                        item.wal_end, self.collector.tracker.is_caught_up
+                    )
                 elif type(item) is StreamStarted:
                     self.decoder = PgOutputDecoder(item.proto_version)
-                    client.stream_reached()
+                    self.feedback.stream_restarted()
                     if item.reconnect:
                         self.collector.stream_restarted()
                     self._on_started(item)

@@ -34,7 +34,7 @@ def test_idle_point_is_acknowledged_only_up_to_the_keepalive() -> None:
 def test_a_keepalive_reached_while_idle_is_an_idle_point() -> None:
     fb = Feedback(100)
     fb.note_keepalive(400, reply_requested=False)
-    fb.keepalive_reached(400, idle=True)
+    fb.keepalive_reached(400, caught_up=True)
     assert fb.flush_lsn == 400
 
 
@@ -44,21 +44,56 @@ def test_a_keepalive_reached_while_busy_waits_for_a_notification_while_idle() ->
     finds nothing held, not before."""
     fb = Feedback(100)
     fb.note_keepalive(400, reply_requested=False)
-    fb.keepalive_reached(400, idle=False)
+    fb.keepalive_reached(400, caught_up=False)
     assert fb.flush_lsn == 100
-    fb.note_durable(250, idle=False)  # something is still held
+    fb.note_durable(250, caught_up=False)  # something is still held
     assert fb.flush_lsn == 250
-    fb.note_durable(300, idle=True)  # nothing held now: everything before 400 is durable
+    fb.note_durable(300, caught_up=True)  # nothing held now: everything before 400 is durable
     assert fb.flush_lsn == 400
 
 
 def test_a_new_stream_forgets_the_keepalive_reached_on_the_one_before() -> None:
     fb = Feedback(100)
     fb.note_keepalive(400, reply_requested=False)
-    fb.keepalive_reached(400, idle=False)
+    fb.keepalive_reached(400, caught_up=False)
     fb.stream_restarted()
-    fb.note_durable(200, idle=True)
+    fb.note_durable(200, caught_up=True)
     assert fb.flush_lsn == 200  # not 400: that keepalive was the old connection's
+
+
+def test_an_open_transaction_keeps_a_caught_up_tracker_from_making_an_idle_point() -> None:
+    """The idle rule's second half is asked, not given: with the tracker caught up
+    but a transaction open in the stream, neither the keepalive reached nor the
+    notification makes an idle point; once the transaction is closed, the next one
+    does."""
+    open_txn = [True]
+    fb = Feedback(100, txn_open=lambda: open_txn[0])
+    fb.note_keepalive(400, reply_requested=False)
+    fb.keepalive_reached(400, caught_up=True)
+    fb.note_durable(250, caught_up=True)
+    assert fb.flush_lsn == 250
+    open_txn[0] = False
+    fb.note_durable(260, caught_up=True)
+    assert fb.flush_lsn == 400
+
+
+def test_before_the_first_connection_nothing_is_known_and_the_slot_starts_it() -> None:
+    """The service makes the acknowledgement before the client connects: notifications
+    then are ignored (the slot's confirmed position, given at the first connection,
+    is where the positions start); a later connection changes only the timeout."""
+    woken: list[None] = []
+    fb = Feedback()
+    fb.on_change = lambda: woken.append(None)
+    fb.note_durable(900, caught_up=True)
+    fb.keepalive_reached(950, caught_up=True)
+    assert not fb.started and fb.flush_lsn == 0 and woken == []
+    fb.start(500, keepalive_interval_s=2.0, receive_timeout_s=10.0)
+    assert (fb.received, fb.durable, fb.flush_lsn, fb.keepalive_interval_s) == (500, 500, 500, 2.0)
+    fb.note_received(700)
+    fb.note_durable(600)
+    assert woken == [None]  # each input that can change what to send wakes the sender
+    fb.start(400, keepalive_interval_s=5.0, receive_timeout_s=30.0)  # a reconnection
+    assert (fb.flush_lsn, fb.keepalive_interval_s, fb.receive_timeout_s) == (600, 2.0, 30.0)
 
 
 def test_nothing_goes_backwards_after_sending() -> None:

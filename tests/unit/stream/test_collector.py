@@ -131,10 +131,10 @@ def test_the_tracker_sees_the_commit_before_writers_end_their_part(setup) -> Non
 
 
 def test_a_transaction_touching_no_shape_is_durable_at_once(setup) -> None:  # type: ignore[no-untyped-def]
-    collector, _tracker, eu, everything, notified, _ = setup
+    collector, tracker, eu, everything, notified, _ = setup
     txn(collector, 100, m.Insert(OTHER.oid, (b"1",)))
     assert notified == [100] and eu.calls == [] and everything.calls == []
-    assert collector.idle
+    assert not collector.in_txn and tracker.is_caught_up
 
 
 def test_a_primary_key_change_is_a_delete_and_an_insert_with_distinct_ops(setup) -> None:  # type: ignore[no-untyped-def]
