@@ -147,8 +147,6 @@ class FlushScheduler:
         self._jobs: set[asyncio.Task[Any]] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
         self._flush_all_requested = False
-        self._idle = asyncio.Event()
-        self._idle.set()
         self.waiting_since: float | None = None  # the stream waits for memory since
         self.fenced: WriterFenced | None = None
 
@@ -398,7 +396,6 @@ class FlushScheduler:
         writer.in_flight = True
         writer.in_flight_bytes = nbytes
         writer.in_flight_lsn = first_lsn
-        self._idle.clear()
         task = asyncio.create_task(job(), name=f"flush-{writer.shape}")
         self._jobs.add(task)
 
@@ -417,7 +414,6 @@ class FlushScheduler:
             writer.in_flight = True
             writer.in_flight_bytes = batch.rows.nbytes
             writer.in_flight_lsn = batch.first_lsn
-        self._idle.clear()
         task = asyncio.create_task(self._round(members), name=f"round-{len(members)}")
         self._jobs.add(task)
         self._rounds_writing.add(task)
@@ -446,8 +442,6 @@ class FlushScheduler:
             self._failed(writer, job, error)
 
     def _job_ended(self) -> None:
-        if not self._jobs:
-            self._idle.set()
         self._room.set()
         self._wake.set()
 
@@ -716,6 +710,3 @@ class FlushScheduler:
                 await asyncio.wait(set(self._jobs))
         finally:
             self._flush_all_requested = False
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
