@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # the services the sections run in this process log at their settings' level
     # (warning), as the CLI would configure it: not a line per Delta commit at 300/s
-    configure_logging("console", "warning")
+    # (TIDEMARK_BENCH_LOG=debug: the rounds' timings, ``round.*``, for a profile)
+    configure_logging("console", os.environ.get("TIDEMARK_BENCH_LOG", "warning"))
     # `cluster` ends with the takeover figures; `takeover` alone runs just those
     sections = args.sections or [s for s in SECTIONS if s != "takeover"]
     unknown = [s for s in sections if s not in SECTIONS]

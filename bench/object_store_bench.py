@@ -3,7 +3,7 @@
 local disk, then on a real S3 server (S3Proxy, started here) behind Toxiproxy adding
 20 ms to every reply, as a region's S3 does. Current-state tables are off in both, so
 the two runs measure the stream's rounds alone; both in one Spark session with the
-task slots tidemark gives a root on an object store (``local[8]``).
+task slots tidemark gives a root on an object store (``local[32]``).
 
 Printed per N: ready time, ack lag p50/p99, drain, and the S3 run's p99 against the
 local one's (issue 52's goal: at most 2x at 1000 shapes); then the requests the S3 run
@@ -71,7 +71,7 @@ def main() -> list[dict[str, float]]:
         f"== object-store: the shapes workload with Delta tables on local disk, then on "
         f"S3Proxy behind Toxiproxy (+{LATENCY_MS} ms a reply), one Spark session =="
     )
-    # the master tidemark runs with on an object store (local[8]: tidemark.spark
+    # the master tidemark runs with on an object store (local[32]: tidemark.spark
     # .object_store_master), for the disk run too: one session, one JVM
     spark = build_session(object_store_master("local[2]"), conf=with_s3a({}, s3a_jars()))
     spark.createDataFrame([(1,)], "a int").collect()  # warm the JVM

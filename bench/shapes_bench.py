@@ -66,7 +66,7 @@ def _settings(
             **({"max_age_s": float(MAX_AGE)} if MAX_AGE else {}),
             **({"min_age_s": float(MIN_AGE)} if MIN_AGE else {}),
         },
-        "log_level": "warning",
+        "log_level": os.environ.get("TIDEMARK_BENCH_LOG", "warning"),
         "shapes": [
             {"name": f"g{k}", "table": "public.grp_items", "where": f"grp = {k}"}
             for k in range(shapes)

@@ -124,7 +124,7 @@ DEPOSED_EXIT_S = 15.0
 
 
 # commits of a round at once on an s3:// root (8 on disk): each is a few requests
-OBJECT_STORE_COMMITS = 32
+OBJECT_STORE_COMMITS = 64
 
 
 class Service:

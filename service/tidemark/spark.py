@@ -375,9 +375,10 @@ def configure_s3a(spark: Any, bucket: str, hadoop: Mapping[str, str]) -> None:
 
 
 # task slots of a local session writing to an object store: a write task waits on the
-# store's replies, not on the CPU (100 shapes on S3 behind 20 ms: a round's Spark job
-# 7.2-8.5 s in local[2], 1.8-3.1 s in local[8], `python -m bench object-store`)
-OBJECT_STORE_SLOTS: Final = 8
+# store's replies, not on the CPU (S3Proxy behind 20 ms, `python -m bench object-store`:
+# a round's Spark job for 100 shapes 7.2-8.5 s in local[2], 1.8-3.1 s in local[8]; for
+# 500 shapes 5.3-8.1 s in local[8], 2.2-4.3 s in local[32], 2026-11-29)
+OBJECT_STORE_SLOTS: Final = 32
 _LOCAL_N = re.compile(r"local\[(\d+)\]")
 
 

@@ -87,6 +87,8 @@ def test_read_replace_put_if_absent_listing_delete(proxy: Proxy) -> None:
         ("_delta_log/00000000000000000000.json", 2),
         ("_tidemark/frontiers.json", 3),
     ]
+    assert objectstore.folders(top) == {"_delta_log", "_tidemark"}  # (one delimited LIST)
+    assert objectstore.folders(objectstore.join(top, "nothing")) == set()
     objectstore.delete([entry, objectstore.join(top, "never-there")])
     assert [f.name for f in objectstore.listing(top)] == ["_tidemark/frontiers.json"]
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tidemark.sink.schema import LSN, OP
@@ -91,6 +93,25 @@ def file_stats(path: Path | str, filesystem: Any = None) -> tuple[int, str]:
     """Row count and Delta stats (min/max/nulls of ``_lsn``/``_op``) from a footer
     (``filesystem``: pyarrow's, for a file on an object store)."""
     return _stats(pq.read_metadata(path, filesystem=filesystem))
+
+
+def arrow_stats(rows: pa.Table) -> tuple[int, str]:
+    """``file_stats`` of a file holding exactly ``rows``, from the rows themselves: what
+    its footer would say (the same JSON), so a round on an object store need not read
+    back the footer of a file it wrote (``describe_remote``'s ``known``)."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for column in (LSN, OP):
+        if column not in rows.column_names:
+            continue
+        values = rows.column(column)
+        found = pc.min_max(values)
+        lo, hi = found["min"].as_py(), found["max"].as_py()
+        if lo is not None:
+            mins[column], maxs[column], nulls[column] = lo, hi, values.null_count
+    stats = {"numRecords": rows.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return rows.num_rows, json.dumps(stats)
 
 
 def _stats(meta: Any) -> tuple[int, str]:

@@ -169,18 +169,21 @@ class TableFolder:
             return describe_file(self.path, rel_path)
         return self._remote_files([objectstore.Listed(rel_path, -1, 0)])[0]
 
-    def files_in(self, rel_dir: str) -> list[DataFile]:
+    def files_in(self, rel_dir: str, known: tuple[int, str] | None = None) -> list[DataFile]:
         """The Parquet files Spark wrote under ``rel_dir`` (none when it was not made);
-        Spark's .crc files removed."""
+        Spark's .crc files removed. ``known``: the row count and stats of all the rows
+        written there (``describe_remote``), on an object store."""
         if not isinstance(self.path, Path):
             listed = objectstore.listing(join(self.path, rel_dir))
-            return self._remote_files(
+            return describe_remote(
+                self.path,
                 [
                     objectstore.Listed(f"{rel_dir}/{f.name}", f.size, f.modified_ms)
                     for f in listed
                     if f.name.endswith(".parquet")
                     and not f.name.rsplit("/", 1)[-1].startswith((".", "_"))
-                ]
+                ],
+                known,
             )
         folder = self.path / rel_dir
         if not folder.is_dir():
@@ -280,10 +283,18 @@ class TableFolder:
         return [item for group in bins for item in group], added
 
 
-def describe_remote(base: Location, listed: Sequence[objectstore.Listed]) -> list[DataFile]:
+def describe_remote(
+    base: Location, listed: Sequence[objectstore.Listed], known: tuple[int, str] | None = None
+) -> list[DataFile]:
     """Files under ``base`` on the object store (``listed``: names relative to it)
     described from their footers, read in parallel (a round costs one footer read's
-    latency, not one per file); empty files left out."""
+    latency, not one per file); empty files left out. ``known``: the row count and
+    stats of everything written there, when the writer knows them (``arrow_stats``):
+    a single file listed is described by them, without reading its footer back."""
+    if known is not None and len(listed) == 1 and listed[0].size >= 0:
+        item = listed[0]
+        rows, stats = known
+        return [DataFile(item.name, item.size, rows, item.modified_ms, stats)] if rows else []
     fs = objectstore.arrow_filesystem()
 
     def describe(item: objectstore.Listed) -> DataFile | None:

@@ -233,7 +233,9 @@ class ChangelogTable(Protocol):
 
     def file_at(self, rel_path: str) -> DataFile: ...
 
-    def files_in(self, rel_dir: str) -> list[DataFile]: ...
+    def files_in(self, rel_dir: str, known: tuple[int, str] | None = None) -> list[DataFile]:
+        """The data files written under ``rel_dir`` (``known``: the row count and stats
+        of all of them together, when the writer knows them: ``files.arrow_stats``)."""
 
     def delete_files(self, files: Sequence[DataFile]) -> None:
         """Remove files no commit names (a failed job's output)."""

@@ -168,7 +168,7 @@ class S3Access:
             connect_timeout=self.connect_timeout_s,
             read_timeout=self.read_timeout_s,
             retries={"mode": "standard", "total_max_attempts": self.attempts},
-            max_pool_connections=64,
+            max_pool_connections=128,
             # a conditional PUT is refused with 412, never retried as a checksum error
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
@@ -195,6 +195,10 @@ class S3Access:
             # what S3A buffers a part of an upload in: memory (its disk buffer goes
             # through the local filesystem tidemark's session replaces)
             "fs.s3a.fast.upload.buffer": "bytebuffer",
+            # ... a block of this size for every file being written, whatever its size
+            # (S3A's 64 MB: 32 write tasks took the JVM's 2 GB of direct memory, and a
+            # file larger than a block goes up in parts of it)
+            "fs.s3a.multipart.size": "16M",
             # a batch's folder is new: S3A need not look for a file or folder in the way
             # of each file it creates (a HEAD and a LIST saved per file)
             "fs.s3a.create.performance": "true",
@@ -606,6 +610,29 @@ def listing(location: Location) -> list[Listed]:
     except (ClientError, BotoCoreError) as exc:
         raise _failed("list", uri, exc) from None
     return sorted(found, key=lambda f: f.name)
+
+
+def folders(location: Location) -> set[str]:
+    """The names of the folders right below ``location`` (on a store: the common
+    prefixes of one delimited listing, a request per 1000 names, not one per name)."""
+    if not is_remote(location):
+        top = Path(location)
+        return {p.name for p in top.iterdir() if p.is_dir()} if top.is_dir() else set()
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    uri = str(location)
+    bucket, prefix = split(uri)
+    prefix = prefix + "/" if prefix else ""
+    found = set()
+    try:
+        pages = _STORE.client().get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+            _STORE.count("LIST")
+            for common in page.get("CommonPrefixes", ()):
+                found.add(common["Prefix"][len(prefix) :].rstrip("/"))
+    except (ClientError, BotoCoreError) as exc:
+        raise _failed("list", uri, exc) from None
+    return found
 
 
 def copy(source: str, target: str) -> None:

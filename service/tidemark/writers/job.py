@@ -34,7 +34,7 @@ import structlog
 
 from tidemark.errors import SinkError
 from tidemark.jvm import DIRECT_COLUMN
-from tidemark.sink.files import DataFile
+from tidemark.sink.files import DataFile, arrow_stats
 from tidemark.sink.folder import write_files, writes_in_place
 from tidemark.sink.port import ChangelogTable
 from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema, table_schema
@@ -447,9 +447,12 @@ def write_round(
         parts: list[pa.Table] = []
         ready: list[int] = []
         folders: dict[int, str] = {}  # direct: the member's data/<uuid> folder
+        known: dict[int, tuple[int, str]] = {}  # on an object store: what it will hold
         for i, arrow in _convert(members, indexes, results):
             m = members[i]
             if direct:
+                if m.table.remote:
+                    known[i] = arrow_stats(arrow)
                 folders[i], target = m.table.new_batch_dir()
                 value = pa.repeat(pa.scalar(str(target), pa.string()), arrow.num_rows)
             else:
@@ -465,7 +468,9 @@ def write_round(
             written = _write_partitioned(spark, parts, schema, staging, column, remote)
             spark_s = time.perf_counter() - started
             if direct:
-                found = _found_in_place([(members[i].table, folders[i]) for i in ready])
+                found = _found_in_place(
+                    [(members[i].table, folders[i], known.get(i)) for i in ready]
+                )
             log.debug(
                 "round.layout_written",
                 shapes=len(ready),
@@ -561,8 +566,18 @@ def _write_partitioned(
             writer = frame.write.partitionBy(column).mode("append")
             if codec is not None:
                 writer = writer.option("compression", codec)
+            if remote:
+                writer = writer.option("parquet.block.size", str(REMOTE_ROW_GROUP_BYTES))
             writer.parquet(str(folder))
     return folder
+
+
+# The row groups of a round's files on an object store. Parquet's writers share one
+# memory pool (95% of the heap) and each asks for a row group of ``parquet.block.size``
+# (128 MB): the 32 writing tasks of a round outgrew it, and then every writer opened
+# shrank all the others and logged a warning ("Scaling row group sizes"), a line a
+# file. A round's files are a few rows each; a large one has 16 MB row groups.
+REMOTE_ROW_GROUP_BYTES = 16 * 1024 * 1024
 
 
 # A round whose members hold at most this many bytes of rows each, on average, writes
@@ -580,18 +595,21 @@ def round_codec(nbytes: int, members: int) -> str | None:
     return "none" if members and nbytes <= PLAIN_MEMBER_BYTES * members else None
 
 
-def _found_in_place(members: Sequence[tuple[ChangelogTable, str]]) -> list[list[DataFile]]:
+def _found_in_place(
+    members: Sequence[tuple[ChangelogTable, str, tuple[int, str] | None]],
+) -> list[list[DataFile]]:
     """The files a round's tasks wrote into each member's ``data/<uuid>`` folder. On an
-    object store each member's listing and footer reads are requests: the members'
-    run at once (``LISTING_THREADS``), so a round waits about one listing's latency,
-    not one per shape."""
-    if len(members) < 2 or not any(table.remote for table, _ in members):
-        return [table.files_in(rel) for table, rel in members]
+    object store each member's listing is a request: the members' run at once
+    (``LISTING_THREADS``), so a round waits about one listing's latency, not one per
+    shape; and a member's rows went to one file (the round partitions by member), so
+    its row count and stats are known (``arrow_stats``): no footer is read back."""
+    if len(members) < 2 or not any(table.remote for table, _, _ in members):
+        return [table.files_in(rel, known) for table, rel, known in members]
     with ThreadPoolExecutor(min(LISTING_THREADS, len(members))) as pool:
-        return list(pool.map(lambda member: member[0].files_in(member[1]), members))
+        return list(pool.map(lambda member: member[0].files_in(member[1], member[2]), members))
 
 
-LISTING_THREADS = 32
+LISTING_THREADS = 64
 
 
 MEMBERS_PER_TASK = 250

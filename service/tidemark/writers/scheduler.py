@@ -538,6 +538,11 @@ class FlushScheduler:
         committed, failed = await group_commit(
             [(w.table, b, files) for w, b, files in ready], self._commits, write_s
         )
+        log.debug(
+            "round.committed",
+            shapes=len(ready),
+            commit_s=round(time.perf_counter() - started - write_s, 3),
+        )
         self.cadence.observe(self._clock() - launched)
         for i, (writer, batch, _) in enumerate(ready):
             if i in failed:

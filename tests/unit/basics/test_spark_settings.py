@@ -204,11 +204,11 @@ def test_paths_hadoop_would_read_as_a_glob_or_a_uri_are_not_read_as_they_are() -
         assert not readable_path(odd), odd
 
 
-def test_a_local_master_gets_eight_slots_for_an_object_store() -> None:
+def test_a_local_master_gets_32_slots_for_an_object_store() -> None:
     from tidemark.spark import object_store_master
 
-    assert object_store_master("local[2]") == "local[8]"
-    assert object_store_master("local[1]") == "local[8]"
-    assert object_store_master("local[16]") == "local[16]"
+    assert object_store_master("local[2]") == "local[32]"
+    assert object_store_master("local[1]") == "local[32]"
+    assert object_store_master("local[64]") == "local[64]"
     assert object_store_master("local[*]") == "local[*]"  # (every core: as set)
     assert object_store_master("spark://host:7077") == "spark://host:7077"

@@ -87,3 +87,55 @@ def test_a_footer_from_the_end_of_a_file_equals_pyarrows_own_read(tmp_path: Path
     assert tail_stats(data[-65536:], len(data)) == file_stats(tmp_path / "f.parquet")
     assert tail_stats(data, len(data)) == file_stats(tmp_path / "f.parquet")
     assert tail_stats(data[-200:], len(data)) is None
+
+
+def test_the_stats_of_rows_equal_those_their_files_footer_gives(tmp_path: Path) -> None:
+    """``arrow_stats``: a round on an object store describes the one file a member's
+    rows went to from the rows (no footer read back); it must say what the footer
+    says, with NULLs, a column all NULL and a column missing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.sink.files import arrow_stats, file_stats
+
+    cases = [
+        pa.table(
+            {
+                "_lsn": pa.array([7, None, 3, 9], pa.int64()),
+                "_op": pa.array([2, 0, 1, 5], pa.int32()),
+                "x": pa.array(["a", "b", None, "d"]),
+            }
+        ),
+        pa.table({"_lsn": pa.array([None, None], pa.int64()), "_op": pa.array([4, 4])}),
+        pa.table({"_op": pa.array([1], pa.int64()), "x": pa.array([1.5])}),
+    ]
+    for n, rows in enumerate(cases):
+        path = tmp_path / f"{n}.parquet"
+        pq.write_table(rows, path)
+        assert arrow_stats(rows) == file_stats(path)
+
+
+def test_a_single_file_of_known_rows_is_described_without_a_request() -> None:
+    """``describe_remote`` with ``known``: one listed file is described by what the
+    writer knows, and no footer is read (there is no store at that address to read
+    from); an empty one is left out."""
+    from tidemark.sink.folder import describe_remote
+    from tidemark.state.objectstore import Listed
+
+    found = describe_remote(
+        "s3://nowhere/t", [Listed("data/u/a.parquet", 812, 5)], (3, '{"numRecords": 3}')
+    )
+    assert [(f.path, f.size, f.num_rows, f.modification_time_ms, f.stats) for f in found] == [
+        ("data/u/a.parquet", 812, 3, 5, '{"numRecords": 3}')
+    ]
+    assert describe_remote("s3://nowhere/t", [Listed("data/u/a.parquet", 812, 5)], (0, "{}")) == []
+
+
+def test_the_folders_right_below_a_location(tmp_path: Path) -> None:
+    from tidemark.state.objectstore import folders
+
+    (tmp_path / "tables" / "a" / "_delta_log").mkdir(parents=True)
+    (tmp_path / "tables" / "b").mkdir()
+    (tmp_path / "tables" / "file.json").write_text("{}")
+    assert folders(tmp_path / "tables") == {"a", "b"}
+    assert folders(tmp_path / "nothing") == set()

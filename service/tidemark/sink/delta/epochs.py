@@ -24,6 +24,9 @@ from tidemark.state.objectstore import Location
 log = structlog.get_logger("tidemark.sink.epochs")
 
 MARK_THREADS: Final = 8
+# on an object store a mark waits on a few requests' latency (is it a table, its log,
+# the commit): more at once
+MARK_THREADS_REMOTE: Final = 32
 MARK_ATTEMPTS: Final = 5
 
 
@@ -96,5 +99,6 @@ def mark_tables(
         tables = list(_table_paths(Path(root)))
     if not tables:
         return 0
-    with ThreadPoolExecutor(min(MARK_THREADS, len(tables))) as pool:
+    threads = MARK_THREADS_REMOTE if objectstore.is_remote(tables[0]) else MARK_THREADS
+    with ThreadPoolExecutor(min(threads, len(tables))) as pool:
         return sum(pool.map(lambda p: mark_table(p, epoch, app_id), tables))
