@@ -476,7 +476,7 @@ def _backfill_series(m: Metrics, facts: ServiceFacts) -> None:
 
 def refresh_metrics(m: Metrics, facts: ServiceFacts) -> None:
     """Copy the service's state, taken as values (``Service.facts``), into the gauges
-    (called from housekeeping)."""
+    (``Service.update_metrics``, before each scrape)."""
     from tidemark.pgoutput.values import unknown_type_counts
 
     progress = facts.progress

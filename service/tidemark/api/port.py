@@ -55,6 +55,10 @@ class ServiceView(Protocol):
 
     def writer_facts(self, name: str) -> WriterFacts | None: ...
 
+    def update_metrics(self) -> None:
+        """Set the gauges from the service's state now (before a scrape)."""
+        ...
+
     def flush_facts(self) -> FlushFacts | None:
         """The writers together (None before they exist)."""
         ...
