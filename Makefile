@@ -83,10 +83,12 @@ browser:
 # The object-store tests: S3A's jars (hadoop-aws of pyspark's Hadoop, its AWS SDK bundle)
 # and the S3 server S3Proxy, resolved by Maven into .jars/ and checked against
 # jars/checksums.sha256 (about 740 MB, once; a machine without Maven Central can be given
-# a copy of .jars/), and Toxiproxy (Go) for real network faults into .tools/bin.
+# a copy of .jars/), and Toxiproxy (Go) for real network faults and versitygw (Go), the
+# second S3 server, into .tools/bin.
 objectstore:
 	@sh jars/fetch.sh
 	@sh jars/toxiproxy.sh
+	@sh jars/versitygw.sh
 
 # The reference readers of the tests (tests/integration/test_reference_readers.py):
 # Delta's own Spark reader (delta-spark) and Iceberg's Spark runtime, in a Spark of their

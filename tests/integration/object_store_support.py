@@ -2,6 +2,9 @@
 
 ``S3Proxy`` (``org.gaul:s3proxy``, Apache-2.0) runs from its jar in ``.jars/`` with its
 filesystem backend on a temporary folder, one bucket made, on a free port of 127.0.0.1.
+``versitygw`` (Versity's S3 gateway, Apache-2.0, Go) is the second server, installed
+by ``jars/versitygw.sh`` into ``.tools/bin/`` and run with its POSIX backend the same
+way: the tests of the store's conditional writes run against both.
 ``Toxiproxy`` (Shopify's, MIT) runs from ``.tools/bin/toxiproxy-server`` on a free port;
 ``Toxiproxy.create_proxy`` puts one TCP proxy in front of a server, and the returned
 ``Proxy`` adds and removes toxics (latency, reset_peer, timeout) or cuts the proxy off
@@ -41,7 +44,12 @@ REPO = Path(__file__).resolve().parents[2]
 JARS_DIR = Path(os.environ.get("TIDEMARK_JARS_DIR", REPO / ".jars"))
 CHECKSUMS = REPO / "jars" / "checksums.sha256"
 TOXIPROXY_SERVER = REPO / ".tools" / "bin" / "toxiproxy-server"
-INSTALL = "sh jars/fetch.sh && sh jars/toxiproxy.sh && .venv/bin/pip install boto3"
+VERSITYGW = REPO / ".tools" / "bin" / "versitygw"
+INSTALL = (
+    "sh jars/fetch.sh && sh jars/toxiproxy.sh && sh jars/versitygw.sh "
+    "&& .venv/bin/pip install boto3"
+)
+SERVERS = ("s3proxy", "versitygw")
 REQUIRE_ENV = "TIDEMARK_REQUIRE_OBJECT_STORE"
 
 IDENTITY = "tidemark-test"
@@ -73,7 +81,7 @@ def java() -> str | None:
 def require_object_store(*, spark: bool = False) -> None:
     """Skip the calling test (fail it under ``TIDEMARK_REQUIRE_OBJECT_STORE=1``) unless
     S3Proxy, Toxiproxy, Java and boto3 are there, and with ``spark`` the S3A jars."""
-    needed = [pinned_jar("s3proxy-"), TOXIPROXY_SERVER]
+    needed = [pinned_jar("s3proxy-"), TOXIPROXY_SERVER, VERSITYGW]
     if spark:
         needed += s3a_jars()
     missing = [_shown(path) for path in needed if not path.is_file()]
@@ -148,8 +156,9 @@ class Child:
 
 
 @dataclass
-class S3Proxy:
-    """A running S3Proxy: ``endpoint`` with one ``bucket``, files under ``basedir``."""
+class S3Server:
+    """A running S3 server (S3Proxy or versitygw, ``kind``): ``endpoint`` with one
+    ``bucket``, files under ``basedir``."""
 
     endpoint: str
     port: int
@@ -158,12 +167,13 @@ class S3Proxy:
     child: Child
     identity: str = IDENTITY
     credential: str = CREDENTIAL
+    kind: str = "s3proxy"
 
     def stop(self) -> None:
         self.child.stop()
 
 
-def start_s3proxy(workdir: Path, bucket: str = "tidemark", timeout_s: float = 60) -> S3Proxy:
+def start_s3proxy(workdir: Path, bucket: str = "tidemark", timeout_s: float = 60) -> S3Server:
     """Start S3Proxy on a free port, its filesystem backend in ``workdir/data``, with
     ``bucket`` made and aws-v2-or-v4 authorization by ``IDENTITY``/``CREDENTIAL``."""
     basedir = workdir / "data"
@@ -191,7 +201,20 @@ def start_s3proxy(workdir: Path, bucket: str = "tidemark", timeout_s: float = 60
     argv = [java_bin, "-Xmx256m", "-XX:+UseSerialGC", "-jar", str(pinned_jar("s3proxy-"))]
     child = Child("S3Proxy", [*argv, "--properties", str(properties)], workdir / "s3proxy.log")
     child.wait_for_port(port, timeout_s)
-    return S3Proxy(endpoint, port, bucket, basedir, child)
+    return S3Server(endpoint, port, bucket, basedir, child)
+
+
+def start_versitygw(workdir: Path, bucket: str = "tidemark", timeout_s: float = 30) -> S3Server:
+    """Start versitygw on a free port with its POSIX backend in ``workdir/vgw``
+    (each folder a bucket; ``bucket`` made), root credentials ``IDENTITY``/``CREDENTIAL``."""
+    basedir = workdir / "vgw"
+    (basedir / bucket).mkdir(parents=True)
+    port = free_port()
+    argv = [str(VERSITYGW), "--port", f"127.0.0.1:{port}", "posix", str(basedir)]
+    env = {"ROOT_ACCESS_KEY": IDENTITY, "ROOT_SECRET_KEY": CREDENTIAL}
+    child = Child("versitygw", argv, workdir / "versitygw.log", env=env)
+    child.wait_for_port(port, timeout_s)
+    return S3Server(f"http://127.0.0.1:{port}", port, bucket, basedir, child, kind="versitygw")
 
 
 @dataclass
@@ -312,9 +335,14 @@ def _call(url: str, method: str, body: dict[str, Any] | None = None) -> Any:
 
 
 @contextlib.contextmanager
-def object_store(workdir: Path, bucket: str = "tidemark") -> Iterator[tuple[S3Proxy, Proxy]]:
-    """S3Proxy with ``bucket``, and a Toxiproxy proxy in front of it; both stopped after."""
-    server = start_s3proxy(workdir, bucket)
+def object_store(
+    workdir: Path, bucket: str = "tidemark", kind: str = "s3proxy"
+) -> Iterator[tuple[S3Server, Proxy]]:
+    """An S3 server (``kind``: S3Proxy or versitygw) with ``bucket``, and a Toxiproxy
+    proxy in front of it; both stopped after."""
+    server = (
+        start_versitygw(workdir, bucket) if kind == "versitygw" else start_s3proxy(workdir, bucket)
+    )
     try:
         toxiproxy = start_toxiproxy(workdir)
         try:

@@ -27,7 +27,7 @@ from tidemark.demo.postgres import death_signal_prefix
 from .object_store_support import (
     REGION,
     Proxy,
-    S3Proxy,
+    S3Server,
     object_store,
     require_object_store,
     s3_client,
@@ -38,14 +38,14 @@ BUCKET = "lake"
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Proxy, Proxy]]:
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Server, Proxy]]:
     require_object_store()
     with object_store(tmp_path_factory.mktemp("object-store"), BUCKET) as pair:
         yield pair
 
 
 @pytest.fixture
-def proxy(store: tuple[S3Proxy, Proxy]) -> Iterator[Proxy]:
+def proxy(store: tuple[S3Server, Proxy]) -> Iterator[Proxy]:
     yield store[1]
     store[1].clear()  # a failed test leaves no toxic for the next
 
@@ -211,7 +211,7 @@ print(json.dumps(facts))
 
 
 @pytest.mark.timeout(600)
-def test_spark_through_s3a(store: tuple[S3Proxy, Proxy], proxy: Proxy) -> None:
+def test_spark_through_s3a(store: tuple[S3Server, Proxy], proxy: Proxy) -> None:
     """A session as tidemark builds it (``build_session``, in a fresh interpreter) with
     the S3A jars: a table written and read back through the proxy, and S3A's conditional
     creates (If-None-Match, If-Match on an ETag) refused by the server when they must."""

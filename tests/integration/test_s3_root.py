@@ -42,7 +42,7 @@ from .object_store_support import (
     REGION,
     HttpFaults,
     Proxy,
-    S3Proxy,
+    S3Server,
     http_faults,
     object_store,
     require_object_store,
@@ -85,19 +85,19 @@ TRUTH = {
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Proxy, Proxy]]:
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Server, Proxy]]:
     require_object_store(spark=True)
     with object_store(tmp_path_factory.mktemp("s3-root"), BUCKET) as pair:
         yield pair
 
 
 @pytest.fixture
-def proxy(store: tuple[S3Proxy, Proxy]) -> Iterator[Proxy]:
+def proxy(store: tuple[S3Server, Proxy]) -> Iterator[Proxy]:
     yield store[1]
     store[1].clear()
 
 
-def s3_settings(server: S3Proxy, proxy: Proxy) -> dict[str, Any]:
+def s3_settings(server: S3Server, proxy: Proxy) -> dict[str, Any]:
     return {
         "endpoint": proxy.endpoint,
         "region": REGION,
@@ -110,7 +110,7 @@ def s3_settings(server: S3Proxy, proxy: Proxy) -> dict[str, Any]:
     }
 
 
-def settings(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy) -> Any:
+def settings(db: PgDatabase, root: str, server: S3Server, proxy: Proxy) -> Any:
     return settings_for(
         db.dsn,
         root,
@@ -120,7 +120,9 @@ def settings(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy) -> Any:
     )
 
 
-def current_settings(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy, **extra: Any) -> Any:
+def current_settings(
+    db: PgDatabase, root: str, server: S3Server, proxy: Proxy, **extra: Any
+) -> Any:
     """``settings`` with the current-state tables on: refreshed every second, and
     folded at the clean stop (``extra``: more sections)."""
     return settings_for(
@@ -181,7 +183,7 @@ def check_every_reader(spark: Any, db: PgDatabase, root: str, *, retained: bool 
             assert (pairs or retained) and max(pairs.values(), default=1) == 1, shape
 
 
-def check_current_tables(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy) -> None:
+def check_current_tables(db: PgDatabase, root: str, server: S3Server, proxy: Proxy) -> None:
     """Each shape's current-state table, read plainly from the bucket (deltalake,
     Polars and DuckDB with httpfs, no tidemark), equals Postgres: a clean stop folded
     it to the frontier. Spark wrote its files in place, in a folder of the refresh's
@@ -220,7 +222,7 @@ def s3a_counter(spark: Any, name: str) -> int:
 
 
 async def test_a_delta_root_on_s3_equals_postgres(
-    pg_db: PgDatabase, spark: Any, store: tuple[S3Proxy, Proxy], proxy: Proxy, tmp_path: Path
+    pg_db: PgDatabase, spark: Any, store: tuple[S3Server, Proxy], proxy: Proxy, tmp_path: Path
 ) -> None:
     server = store[0]
     root = f"s3://{BUCKET}/{secrets.token_hex(4)}/lake"
@@ -338,7 +340,7 @@ def check_reference_reader(
 
 
 async def test_teardown_purge_removes_the_instances_objects_from_the_bucket(
-    pg_db: PgDatabase, spark: Any, store: tuple[S3Proxy, Proxy], proxy: Proxy
+    pg_db: PgDatabase, spark: Any, store: tuple[S3Server, Proxy], proxy: Proxy
 ) -> None:
     """``teardown --purge`` on an ``s3://`` root: the slot, the publication and every
     object of the instance under the root go; an object beside the root stays."""
@@ -388,14 +390,14 @@ def iceberg_catalog(pg_db: PgDatabase, monkeypatch: pytest.MonkeyPatch) -> Itera
             conn.execute(f'drop database if exists "{name}" with (force)')
 
 
-def iceberg_settings(db: PgDatabase, root: str, server: S3Proxy, proxy: Proxy, uri: str) -> Any:
+def iceberg_settings(db: PgDatabase, root: str, server: S3Server, proxy: Proxy, uri: str) -> Any:
     return current_settings(
         db, root, server, proxy, sink={"format": "iceberg"}, iceberg={"catalog_uri": uri}
     )
 
 
 def check_iceberg_readers(
-    spark: Any, db: PgDatabase, root: str, uri: str, server: S3Proxy, proxy: Proxy
+    spark: Any, db: PgDatabase, root: str, uri: str, server: S3Server, proxy: Proxy
 ) -> None:
     """Every shape, folded, equals Postgres through Spark (S3A) and ``tidemark.read``;
     pyiceberg with its own catalog connection and S3 client reads every table from
@@ -444,7 +446,7 @@ def check_iceberg_readers(
 async def test_an_iceberg_root_on_s3_equals_postgres(
     pg_db: PgDatabase,
     spark: Any,
-    store: tuple[S3Proxy, Proxy],
+    store: tuple[S3Server, Proxy],
     proxy: Proxy,
     iceberg_catalog: str,
     tmp_path: Path,
@@ -485,7 +487,7 @@ async def test_an_iceberg_root_on_s3_equals_postgres(
 
 
 async def test_a_partition_of_the_store_holds_the_acknowledgement_back(
-    pg_db: PgDatabase, spark: Any, store: tuple[S3Proxy, Proxy], proxy: Proxy
+    pg_db: PgDatabase, spark: Any, store: tuple[S3Server, Proxy], proxy: Proxy
 ) -> None:
     """While the store cannot be reached, rounds fail and are retried; the slot is
     not acknowledged past what the tables hold; once it is back, every change arrives
@@ -515,7 +517,7 @@ async def test_a_partition_of_the_store_holds_the_acknowledgement_back(
 
 @pytest.fixture(scope="module")
 def faults(
-    store: tuple[S3Proxy, Proxy], tmp_path_factory: pytest.TempPathFactory
+    store: tuple[S3Server, Proxy], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HttpFaults]:
     """An HTTP proxy that makes up S3 errors, in front of the Toxiproxy proxy."""
     with http_faults(tmp_path_factory.mktemp("faults"), store[1].endpoint) as made:
@@ -536,7 +538,7 @@ async def wait_for_error(service: Any, words: str, timeout: float = 90) -> str:
 async def test_throttling_and_revoked_credentials_hold_the_acknowledgement_and_heal(
     pg_db: PgDatabase,
     spark: Any,
-    store: tuple[S3Proxy, Proxy],
+    store: tuple[S3Server, Proxy],
     proxy: Proxy,
     faults: HttpFaults,
 ) -> None:
@@ -612,7 +614,7 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
 )
 def test_a_root_the_store_refuses_stops_run_and_config_check(
     pg_db: PgDatabase,
-    store: tuple[S3Proxy, Proxy],
+    store: tuple[S3Server, Proxy],
     proxy: Proxy,
     tmp_path: Path,
     problem: str,
@@ -651,7 +653,7 @@ def test_a_root_the_store_refuses_stops_run_and_config_check(
 
 
 def test_config_check_says_a_root_on_s3_works(
-    pg_db: PgDatabase, store: tuple[S3Proxy, Proxy], proxy: Proxy, tmp_path: Path
+    pg_db: PgDatabase, store: tuple[S3Server, Proxy], proxy: Proxy, tmp_path: Path
 ) -> None:
     server = store[0]
     pg_db.execute("create table orders (id int primary key)")
@@ -676,7 +678,7 @@ def test_config_check_says_a_root_on_s3_works(
 def test_a_service_sigkilled_five_times_on_s3_loses_and_duplicates_nothing(
     pg_db: PgDatabase,
     spark: Any,
-    store: tuple[S3Proxy, Proxy],
+    store: tuple[S3Server, Proxy],
     proxy: Proxy,
     tmp_path: Path,
     request: pytest.FixtureRequest,
@@ -720,7 +722,7 @@ def test_a_service_sigkilled_five_times_on_s3_loses_and_duplicates_nothing(
     assert tables == set(KILLED_TRUTH), tables
 
 
-def store_listing(server: S3Proxy, root: str) -> dict[str, tuple[int, str]]:
+def store_listing(server: S3Server, root: str) -> dict[str, tuple[int, str]]:
     """Every object under ``root``: size and ETag (its content's digest), from the
     server itself (no proxy between)."""
     bucket, prefix = objectstore.split(root)
@@ -748,7 +750,7 @@ def delta_commit_infos(root: str, shape: str) -> list[dict[str, Any]]:
 
 
 def test_a_leader_deposed_while_alive_on_s3_writes_nothing_and_exits(
-    pg_db: PgDatabase, spark: Any, store: tuple[S3Proxy, Proxy], proxy: Proxy, tmp_path: Path
+    pg_db: PgDatabase, spark: Any, store: tuple[S3Server, Proxy], proxy: Proxy, tmp_path: Path
 ) -> None:
     """Two ``tidemark run`` on one slot and one ``s3://`` root (``test_deposed_leader``
     on a bucket, 20 ms a request): the leader is SIGSTOPped mid-stream and its lease
