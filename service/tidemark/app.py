@@ -815,11 +815,11 @@ class Service:
         return self.consumer.waited_since(frontier)
 
     def progress(self) -> Progress:
-        fb = self.feedback
+        fb = self.feedback  # (0 each before the first connection)
         return Progress(
-            received_lsn=fb.received if fb.started else 0,
-            flushed_lsn=fb.flush_lsn if fb.started else 0,
-            applied_lsn=fb.flush_lsn if fb.started else 0,
+            received_lsn=fb.received,
+            flushed_lsn=fb.flush_lsn,
+            applied_lsn=fb.flush_lsn,
             durable_lsn=self.tracker.durable_lsn,
             frontiers={name: f for name in self.shapes if (f := self.frontier(name)) is not None},
         )
@@ -990,8 +990,7 @@ class Service:
         if name is None or name not in self.shapes or self.shape_state(name)[0] != ShapeState.ERROR:
             return None
         frontier = self._raw_frontier(name)
-        fb = self.feedback
-        received = fb.received if fb.started else 0
+        received = self.feedback.received  # (0 before the first connection)
         return name, max(0, received - (frontier or 0))
 
     def stalled_shapes(self) -> list[Stall]:

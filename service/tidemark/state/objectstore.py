@@ -36,7 +36,7 @@ import posixpath
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -589,27 +589,33 @@ def listing(location: Location) -> list[Listed]:
                 rel = path.relative_to(top).as_posix()
                 found.append(Listed(rel, st.st_size, int(st.st_mtime * 1000)))
         return sorted(found, key=lambda f: f.name)
+    found = [
+        Listed(
+            item["Key"][len(prefix) :],
+            int(item["Size"]),
+            int(item["LastModified"].timestamp() * 1000),
+        )
+        for prefix, page in _pages(location)
+        for item in page.get("Contents", ())
+    ]
+    return sorted(found, key=lambda f: f.name)
+
+
+def _pages(location: Location, **options: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The pages of a listing below ``location`` (``options``: of ``list_objects_v2``),
+    each with the key prefix the listing stripped from names; one request a page."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     uri = str(location)
     bucket, prefix = split(uri)
     prefix = prefix + "/" if prefix else ""
-    found = []
     try:
         pages = _STORE.client().get_paginator("list_objects_v2")
-        for page in pages.paginate(Bucket=bucket, Prefix=prefix):
+        for page in pages.paginate(Bucket=bucket, Prefix=prefix, **options):
             _STORE.count("LIST")
-            for item in page.get("Contents", ()):
-                found.append(
-                    Listed(
-                        item["Key"][len(prefix) :],
-                        int(item["Size"]),
-                        int(item["LastModified"].timestamp() * 1000),
-                    )
-                )
+            yield prefix, page
     except (ClientError, BotoCoreError) as exc:
         raise _failed("list", uri, exc) from None
-    return sorted(found, key=lambda f: f.name)
 
 
 def folders(location: Location) -> set[str]:
@@ -618,21 +624,11 @@ def folders(location: Location) -> set[str]:
     if not is_remote(location):
         top = Path(location)
         return {p.name for p in top.iterdir() if p.is_dir()} if top.is_dir() else set()
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    uri = str(location)
-    bucket, prefix = split(uri)
-    prefix = prefix + "/" if prefix else ""
-    found = set()
-    try:
-        pages = _STORE.client().get_paginator("list_objects_v2")
-        for page in pages.paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
-            _STORE.count("LIST")
-            for common in page.get("CommonPrefixes", ()):
-                found.add(common["Prefix"][len(prefix) :].rstrip("/"))
-    except (ClientError, BotoCoreError) as exc:
-        raise _failed("list", uri, exc) from None
-    return found
+    return {
+        common["Prefix"][len(prefix) :].rstrip("/")
+        for prefix, page in _pages(location, Delimiter="/")
+        for common in page.get("CommonPrefixes", ())
+    }
 
 
 def copy(source: str, target: str) -> None:
