@@ -559,9 +559,14 @@ async def test_throttling_and_revoked_credentials_hold_the_acknowledgement_and_h
         await wait_frontiers(service, current_lsn(pg_db.dsn))
 
         faults.refuse(503, "SlowDown", rate=0.1)
-        await workload(pg_db, 1000)
-        await wait_frontiers_after_errors(service, current_lsn(pg_db.dsn))
-        counts = faults.counts()
+        # (a tenth of the requests: one is refused once ten have come; a round of these
+        # few shapes makes fewer, so more workloads come until one was, at most five)
+        for start in range(1000, 2000, 200):
+            await workload(pg_db, start)
+            await wait_frontiers_after_errors(service, current_lsn(pg_db.dsn))
+            counts = faults.counts()
+            if counts["made"].get("503", 0) > 0:
+                break
         assert counts["made"].get("503", 0) > 0, counts
 
         # (PUTs throttled: Spark's writes through S3A meet it first; then everything)
