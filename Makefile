@@ -8,9 +8,9 @@ STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup java prometheus fuse browser objectstore readers test test-fast test-integration test-compose lint demo bench clean jvm docs
+.PHONY: setup java iceberg prometheus fuse browser objectstore readers test test-fast test-integration test-compose lint demo bench clean jvm docs
 
-setup: java prometheus fuse browser objectstore readers $(STAMP)
+setup: java iceberg prometheus fuse browser objectstore readers $(STAMP)
 
 $(STAMP): pyproject.toml setup.py service/tidemark/_fastpath.pyx
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ java:
 		echo "Install it, e.g. 'sudo apt-get install openjdk-17-jre-headless', or set JAVA_HOME."; \
 		exit 1; \
 	fi
+
+# Iceberg's Java library and the JDBC drivers of the SQL catalogs, with which a local
+# Spark session commits Iceberg changelogs in its driver (tidemark.sink.iceberg.jvm;
+# without them pyiceberg commits): by Maven into .jars/iceberg/ (jars/iceberg/pom.xml,
+# checksums beside it, 19 MB).
+iceberg:
+	@sh jars/fetch.sh jars/iceberg $${TIDEMARK_JARS_DIR:-.jars}/iceberg
 
 # The alert tests need promtool and a Prometheus server, and the source-side slot metrics
 # postgres_exporter (Debian: prometheus, prometheus-postgres-exporter). As root we install

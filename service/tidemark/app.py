@@ -323,6 +323,7 @@ class Service:
                     spark_cfg.app_name,
                     spark_cfg.remote,
                 )
+            self.tables.use_engine(self.spark)
             if objectstore.is_remote(settings.sink.root):
                 access = objectstore.s3_access()
                 assert access is not None

@@ -239,6 +239,8 @@ def local_mode_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
       one call deeper for each file that yields no rows (its row groups all pruned
       by a filter), and 5000 such files in one task overflowed the task thread's
       stack, which ends the JVM; 256 KiB keeps a task at 512 files or fewer.
+    * Iceberg's jars are on the driver's class path when ``make setup`` fetched them
+      (``iceberg_jars``): the driver commits Iceberg changelogs.
     * ``file:`` paths go through ``tidemark.hadoop.NioLocalFileSystem``
       (``tidemark/jvm``): the modes of the files and folders Spark writes are set
       without a ``chmod`` process each; and writes use
@@ -262,8 +264,20 @@ def local_mode_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
     return out | {
         "spark.hadoop.fs.file.impl": jvm.LOCAL_FS_CLASS,
         "spark.sql.sources.commitProtocolClass": jvm.DIRECT_COMMIT_CLASS,
-        CLASS_PATH: os.pathsep.join(p for p in (str(jvm.JAR), extra) if p),
+        CLASS_PATH: os.pathsep.join(p for p in (str(jvm.JAR), iceberg_jars(), extra) if p),
     }
+
+
+def iceberg_jars(folder: Path | None = None) -> str:
+    """Iceberg's jars for the driver's class path (``folder/*``; default ``jars_dir()
+    /iceberg``), "" when they are not there: then pyiceberg commits every Iceberg table
+    (``tidemark.sink.iceberg.jvm``)."""
+    from tidemark import jvm
+
+    folder = folder or jars_dir() / jvm.ICEBERG_JARS
+    if not folder.is_dir() or not any(folder.glob("iceberg-core-*.jar")):
+        return ""
+    return str(folder / "*")
 
 
 CLASS_PATH: Final = "spark.driver.extraClassPath"

@@ -2,8 +2,10 @@
 (``sink_format`` and ``table_format`` parameters elsewhere): a deposed leader's commit
 is refused by the epoch in the snapshot summary and by the catalog's compare-and-swap;
 expiring snapshots never loses the committed offset; a PostgreSQL database serves as
-the catalog; bad catalogs and foreign tables get clear errors. No Spark: the files are
-written with pyarrow, the commit protocol is what is tested."""
+the catalog; bad catalogs and foreign tables get clear errors. The files are written
+with pyarrow, the commit protocol is what is tested: each stream commit made by pyiceberg
+and by Iceberg's Java library in Spark's driver (``engine``: ``iceberg.jvm``), the
+table's other commits by pyiceberg."""
 
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ import psycopg
 import pytest
 
 from tests.crashfs import CrashFS, require_crashfs
-from tidemark.errors import ConfigError, SinkError
+from tidemark.errors import ConfigError, SinkError, WriterFenced
 from tidemark.settings.config import IcebergSettings
 from tidemark.sink import table_format
+from tidemark.sink.iceberg import snapshots
 from tidemark.sink.iceberg.catalog import forget_catalogs
 from tidemark.sink.iceberg.format import IcebergFormat
 from tidemark.sink.root import claim_root, root_format
-from tidemark.sink.schema import table_schema
+from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.state import fencing
 
 from .conftest import PgDatabase, PgServer
@@ -30,10 +33,19 @@ from .sink_support import rows_of
 from .test_sink_fencing import BATCH, COLUMNS, SHAPE, _batch_files
 
 
-@pytest.fixture
-def iceberg() -> Iterator[IcebergFormat]:
-    yield IcebergFormat()
+@pytest.fixture(params=["pyiceberg", "java"])
+def iceberg(request: pytest.FixtureRequest) -> Iterator[IcebergFormat]:
+    """The format, its stream commits made by pyiceberg or by Iceberg's Java library in
+    Spark's driver (``iceberg.jvm``)."""
+    yield engine_format(request)
     forget_catalogs()
+
+
+def engine_format(request: pytest.FixtureRequest) -> IcebergFormat:
+    made = IcebergFormat()
+    if request.param == "java":
+        made.use_engine(request.getfixturevalue("spark"))
+    return made
 
 
 @pytest.fixture
@@ -109,6 +121,50 @@ def test_a_new_leaders_mark_is_not_lost_to_a_commit_racing_it(
         table.commit(_batch_files(table, BATCH + 1, 2 * BATCH), 2 * BATCH, first_lsn=BATCH + 1)
 
 
+def test_stream_commits_in_sparks_driver_are_pyicebergs_commits(
+    tmp_path: Path, spark: Any, epoch_one: fencing.Fence
+) -> None:
+    """The Java committer makes the stream commits (its snapshots name Iceberg's Java
+    library) with the same summary pyiceberg's make: the carried state, the batch's range
+    and offset, the leader's mark; a commit through pyiceberg in between (added columns)
+    is built on; a table keeps at most ``max_snapshots``; replays are skipped and an
+    overlap refused."""
+    root = str(tmp_path)
+    tables = IcebergFormat()
+    tables.use_engine(spark)
+    table = tables.changelog(root, SHAPE)
+    table.max_snapshots = 4
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    for k in range(3):
+        first, end = k * BATCH + 1, (k + 1) * BATCH
+        assert table.commit(_batch_files(table, first, end), end, first_lsn=first)
+    summary = snapshots.summary(table.refresh())
+    assert summary["iceberg-version"].startswith("Apache Iceberg")  # (made by the JVM)
+    assert summary["tidemark.operation"] == "stream"
+    assert summary["tidemark.firstLsn"] == str(2 * BATCH + 1)
+    assert summary["tidemark.endLsn"] == str(3 * BATCH)
+    assert summary[snapshots.OFFSET + table.app_id] == str(3 * BATCH)
+    assert summary[snapshots.GENERATION] == "0"  # (carried from the table's birth)
+    assert summary[fencing.EPOCH_APP] == "1" and summary["tidemark.epoch"] == "1"
+    # pyiceberg commits in between: the next Java commit is built on it
+    wider = table_schema([*COLUMNS, ColumnSpec("note", 25)])
+    assert table.ensure_columns(wider) == ["note"]
+    assert table.commit(
+        _batch_files(table, 3 * BATCH + 1, 4 * BATCH), 4 * BATCH, first_lsn=3 * BATCH + 1
+    )
+    again = tables.changelog(root, SHAPE)
+    assert len(again.refresh().snapshots()) <= 4
+    assert "note" in again.arrow_schema().names
+    assert again.committed_lsn() == 4 * BATCH
+    assert sorted(r["_lsn"] for r in rows_of(again)) == list(range(1, 4 * BATCH + 1))
+    # a replay is skipped, a batch overlapping the offset refused
+    assert table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1) is None
+    with pytest.raises(WriterFenced):
+        table.commit(_batch_files(table, 4 * BATCH, 5 * BATCH), 5 * BATCH, first_lsn=4 * BATCH)
+    assert tables.changelog(root, SHAPE).committed_lsn() == 4 * BATCH
+    forget_catalogs()
+
+
 def test_expired_snapshots_lose_nothing_a_restart_needs(
     tmp_path: Path, iceberg: IcebergFormat
 ) -> None:
@@ -135,7 +191,10 @@ def test_expired_snapshots_lose_nothing_a_restart_needs(
 
 
 @pytest.mark.parametrize("pg_server", ["wheel"], indirect=True)
-def test_a_postgresql_database_is_the_catalog(tmp_path: Path, pg_server: PgServer) -> None:
+@pytest.mark.parametrize("engine", ["pyiceberg", "java"])
+def test_a_postgresql_database_is_the_catalog(
+    tmp_path: Path, pg_server: PgServer, engine: str, request: pytest.FixtureRequest
+) -> None:
     name = "t_iceberg_catalog"
     with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
         conn.execute(f"drop database if exists {name}")
@@ -143,9 +202,13 @@ def test_a_postgresql_database_is_the_catalog(tmp_path: Path, pg_server: PgServe
     try:
         settings = IcebergSettings(catalog_uri=pg_server.dsn_for(name), namespace="lake")
         tables = claim_root(tmp_path, "iceberg", settings)
+        if engine == "java":
+            tables.use_engine(request.getfixturevalue("spark"))
         table = tables.changelog(tmp_path, SHAPE)
         table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
         table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1)
+        assert table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1) is None
+        table.commit(_batch_files(table, BATCH + 1, 2 * BATCH), 2 * BATCH, first_lsn=BATCH + 1)
         with psycopg.connect(pg_server.dsn_for(name)) as conn:
             found = conn.execute(
                 "select table_namespace, table_name from iceberg_tables order by 1, 2"
@@ -156,7 +219,9 @@ def test_a_postgresql_database_is_the_catalog(tmp_path: Path, pg_server: PgServe
         assert recorded["format"] == "iceberg" and recorded["namespace"] == "lake"
         forget_catalogs()
         reader = root_format(tmp_path, pg_server.dsn_for(name))
-        assert reader.changelog(tmp_path, SHAPE).committed_lsn() == BATCH
+        again = reader.changelog(tmp_path, SHAPE)
+        assert again.committed_lsn() == 2 * BATCH
+        assert sorted(r["_lsn"] for r in rows_of(again)) == list(range(1, 2 * BATCH + 1))
     finally:
         forget_catalogs()
         with psycopg.connect(pg_server.admin_dsn, autocommit=True) as conn:
@@ -260,22 +325,33 @@ def test_a_table_in_the_catalog_not_made_by_tidemark_is_refused(
         iceberg.changelog(tmp_path, SHAPE).create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
 
 
-def test_a_commit_is_on_disk_when_it_returns(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["pyiceberg", "java"])
+def test_a_commit_is_on_disk_when_it_returns(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
     """On a filesystem that forgets what was not synced (``tests/crashfs``): the power
     cut right after each commit returns, the table opens with that commit. (The data
-    files are synced before the commit, pyiceberg's metadata files by tidemark's file
-    IO before the catalog's pointer moves, the pointer by SQLite.)"""
+    files are synced before the commit, the metadata files by tidemark's file IO
+    (pyiceberg's, or the Java one) before the catalog's pointer moves, the pointer by
+    SQLite.)"""
     require_crashfs()
+    spark = request.getfixturevalue("spark") if engine == "java" else None
+
+    def made() -> IcebergFormat:
+        tables = IcebergFormat()
+        tables.use_engine(spark)
+        return tables
+
     with CrashFS.mounted(tmp_path) as fs:
         root = Path(fs.root) / "lake"
-        table = IcebergFormat().changelog(root, SHAPE)
+        table = made().changelog(root, SHAPE)
         table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
         for k in range(3):
             first, end = k * BATCH + 1, (k + 1) * BATCH
             table.commit(_batch_files(table, first, end), end, first_lsn=first)
             forget_catalogs()  # (its SQLite connections: the mount goes away)
             fs.power_loss()
-            table = IcebergFormat().changelog(root, SHAPE)
+            table = made().changelog(root, SHAPE)
             assert table.recover(), f"the table is gone after commit {k}"
             assert table.committed_lsn() == end
             assert sorted(r["_lsn"] for r in rows_of(table)) == list(range(1, end + 1))

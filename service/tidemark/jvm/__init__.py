@@ -11,6 +11,10 @@ tidemark starts in local mode uses both classes (``tidemark.spark.local_mode_con
   flush round partitioned by ``_tm_dest`` writes each member's files straight into
   the folder of its table that the column names (no ``_temporary`` folder renamed at
   job commit, no move by tidemark afterwards).
+* ``tidemark.iceberg.IcebergStreamCommits`` (``IcebergStreamCommits.java``, with
+  ``SyncedFileIO.java``): the stream commits of Iceberg changelogs with Iceberg's Java
+  library (``tidemark.sink.iceberg.jvm``), when Iceberg's jars are there
+  (``ICEBERG_JARS``: ``make setup`` resolves them into ``.jars/iceberg``).
 """
 
 from __future__ import annotations
@@ -20,20 +24,33 @@ import os
 from pathlib import Path
 
 JAR = Path(__file__).with_name("tidemark-jvm.jar")
-SOURCES = (
-    Path(__file__).with_name("NioLocalFileSystem.java"),
-    Path(__file__).with_name("DirectPartitionCommitProtocol.java"),
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in (
+        "NioLocalFileSystem.java",
+        "DirectPartitionCommitProtocol.java",
+        "IcebergStreamCommits.java",
+        "SyncedFileIO.java",
+    )
 )
 LOCAL_FS_CLASS = "tidemark.hadoop.NioLocalFileSystem"
 DIRECT_COMMIT_CLASS = "tidemark.hadoop.DirectPartitionCommitProtocol"
 DIRECT_COLUMN = "_tm_dest"  # DirectPartitionCommitProtocol.COLUMN
 
 
-def compile_classpath() -> str:
-    """The jars of the installed pyspark (Hadoop's and Spark's API), to compile against."""
+ICEBERG_CLASS = "tidemark.iceberg.IcebergStreamCommits"
+ICEBERG_JARS = "iceberg"  # the folder of Iceberg's jars in the jar folder (jars/iceberg)
+
+
+def compile_classpath(jars: Path) -> str:
+    """The jars of the installed pyspark (Hadoop's and Spark's API) and Iceberg's (in
+    ``jars``/iceberg), to compile against."""
     import pyspark
 
     folder = os.path.join(os.path.dirname(pyspark.__file__), "jars")
     if not glob.glob(os.path.join(folder, "hadoop-client-api-*.jar")):
         raise FileNotFoundError("pyspark's jars/ has no hadoop-client-api jar")
-    return os.path.join(folder, "*")
+    iceberg = jars / ICEBERG_JARS
+    if not glob.glob(str(iceberg / "iceberg-core-*.jar")):
+        raise FileNotFoundError(f"{iceberg} has no iceberg-core jar: run `make setup`")
+    return os.pathsep.join([os.path.join(folder, "*"), str(iceberg / "*")])

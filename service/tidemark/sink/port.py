@@ -350,6 +350,9 @@ class TableFormat(Protocol):
 
     name: str
 
+    def use_engine(self, spark: Any) -> None:
+        """The Spark session writing the data files (a format may commit through it)."""
+
     def changelog(self, root: Path | str, shape: str, *, epoch: int = 1) -> ChangelogTable:
         """The changelog of ``shape`` (``epoch``: the stream epoch its offsets are on)."""
 

@@ -29,7 +29,9 @@ from tidemark.spark import (
     arrow_parts,
     check_connect,
     connect_address,
+    iceberg_jars,
     is_connect,
+    jars_dir,
     java_options,
     local_mode_conf,
     readable_path,
@@ -141,11 +143,12 @@ def test_local_mode_uses_tidemarks_local_filesystem_and_keeps_a_class_path_of_it
     conf = local_mode_conf("local[2]", {})
     assert conf["spark.hadoop.fs.file.impl"] == jvm.LOCAL_FS_CLASS
     assert conf["spark.sql.sources.commitProtocolClass"] == jvm.DIRECT_COMMIT_CLASS
-    assert conf["spark.driver.extraClassPath"] == str(jvm.JAR)
+    ours = [str(jvm.JAR), *([iceberg_jars()] if iceberg_jars() else [])]
+    assert conf["spark.driver.extraClassPath"] == os.pathsep.join(ours)
     assert conf[LISTING_THRESHOLD] == str(DRIVER_LISTING_PATHS)  # files listed in the driver
     assert conf[OPEN_COST] == str(OPEN_COST_BYTES)  # small files: 512 at most a task
     mine = local_mode_conf("local[*]", {"spark.driver.extraClassPath": "/opt/x.jar"})
-    assert mine["spark.driver.extraClassPath"] == os.pathsep.join([str(jvm.JAR), "/opt/x.jar"])
+    assert mine["spark.driver.extraClassPath"] == os.pathsep.join([*ours, "/opt/x.jar"])
 
 
 def test_a_cluster_or_a_filesystem_of_ones_own_keeps_hadoops() -> None:
@@ -170,18 +173,21 @@ def test_the_committed_jar_is_built_from_the_committed_source(tmp_path: Path) ->
             "--release",
             "17",
             "-cp",
-            jvm.compile_classpath(),
+            jvm.compile_classpath(jars_dir()),
             "-d",
             str(tmp_path),
             *map(str, jvm.SOURCES),
         ],
         check=True,
     )
+    built = {p.relative_to(tmp_path).as_posix(): p for p in tmp_path.rglob("*.class")}
     with zipfile.ZipFile(jvm.JAR) as jar:
-        for source in jvm.SOURCES:
-            name = f"tidemark/hadoop/{source.stem}.class"
-            built = (tmp_path / name).read_bytes()
-            assert built == jar.read(name), "tidemark-jvm.jar is older than its source: `make jvm`"
+        held = {n for n in jar.namelist() if n.endswith(".class")}
+        assert held == set(built), "tidemark-jvm.jar does not hold its sources' classes: `make jvm`"
+        for name, path in built.items():
+            assert path.read_bytes() == jar.read(name), (
+                "tidemark-jvm.jar is older than its source: `make jvm`"
+            )
 
 
 def test_java_options_from_the_settings_come_after_tidemarks_own() -> None:

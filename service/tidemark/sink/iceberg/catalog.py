@@ -5,7 +5,8 @@ run, and it syncs its own commits. ``[iceberg] catalog_uri`` names another: a
 PostgreSQL database (``postgresql://...``, pyiceberg's SQL catalog over psycopg), a
 SQLite file elsewhere, or a REST catalog (``http(s)://...``). Either way tidemark
 commits through pyiceberg, with the file IO of ``iceberg.io`` (every metadata file
-synced before the catalog's pointer moves to it).
+synced before the catalog's pointer moves to it), but for the stream commits of a
+local root with a SQL catalog, which Spark's driver makes (``iceberg.jvm``).
 
 Tables: ``<namespace>.<shape>`` (the changelog, at ``<root>/tables/<shape>``) and
 ``<namespace>_current.<shape>`` (the current state, at ``<root>/current/<shape>``).
@@ -161,9 +162,12 @@ def _first_line(exc: BaseException) -> str:
 def forget_catalogs() -> None:
     """Close the open catalogs (their database connections): a test that removes or
     remounts a root."""
+    from tidemark.sink.iceberg import jvm
+
     with _lock:
         for catalog in _catalogs.values():
             engine = getattr(catalog, "engine", None)
             if engine is not None:
                 engine.dispose()
         _catalogs.clear()
+    jvm.close_all()  # (the Java committers' connections too)

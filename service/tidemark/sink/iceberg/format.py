@@ -23,7 +23,7 @@ from tidemark.errors import SinkError
 from tidemark.sink import current, retention
 from tidemark.sink.current import current_path
 from tidemark.sink.folder import folder_present, move_aside
-from tidemark.sink.iceberg import snapshots
+from tidemark.sink.iceberg import jvm, snapshots
 from tidemark.sink.iceberg.catalog import open_catalog
 from tidemark.sink.iceberg.current import IcebergCurrent
 from tidemark.sink.iceberg.table import IcebergChangelog, expire, remove_unreferenced
@@ -52,6 +52,12 @@ class IcebergFormat(current.Refreshing):
 
             settings = IcebergSettings()
         self.settings = settings
+        self._spark: Any = None
+
+    def use_engine(self, spark: Any) -> None:
+        """The Spark session writing the data files: its driver makes the stream commits
+        where it can (``iceberg.jvm``)."""
+        self._spark = spark
 
     def catalog(self, root: str | Path) -> Catalog:
         return open_catalog(root, self.settings)
@@ -62,6 +68,9 @@ class IcebergFormat(current.Refreshing):
         )
         table.format_version = self.settings.format_version
         table.max_snapshots = self.settings.max_snapshots
+        if self._spark is not None:
+            spark, catalog = self._spark, table.catalog
+            table.java = lambda: jvm.committer(spark, root, catalog)
         return table
 
     def current(self, root: str | Path, shape: str) -> IcebergCurrent:

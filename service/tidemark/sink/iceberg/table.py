@@ -31,7 +31,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,8 @@ from tidemark.state.objectstore import Location, is_remote, join
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+
+    from tidemark.sink.iceberg.jvm import JavaCommits
 
 log = structlog.get_logger("tidemark.sink")
 
@@ -114,6 +116,8 @@ class IcebergChangelog(TableFolder):
         self._lock = threading.RLock()
         self._table: Table | None = None
         self.fitted: pa.Schema | None = None
+        # the stream commits' committer in Spark's driver, where there is one (iceberg.jvm)
+        self.java: Callable[[], JavaCommits | None] | None = None
 
     @property
     def _where(self) -> str:
@@ -444,6 +448,7 @@ class IcebergChangelog(TableFolder):
                     self._table = None
                     continue
                 self._table = done
+                self._forget_in_jvm()
                 return done
         raise SinkError(
             f"shape '{self.shape}': {snapshots.COMMIT_ATTEMPTS} commits in a row lost a race "
@@ -486,12 +491,57 @@ class IcebergChangelog(TableFolder):
                 add=[snapshots.absolute(table, f.path) for f in files],
             )
 
+        java = self.java() if self.java is not None else None
         with self._lock:
+            if java is not None:
+                return self._commit_in_jvm(java, files, first, end_lsn, extra)
             table = self._commit_loop(build)
             if skipped[0]:
                 return None
             snap = table.current_snapshot()
             return 0 if snap is None else int(snap.sequence_number or 0)
+
+    def _commit_in_jvm(
+        self,
+        java: JavaCommits,
+        files: Sequence[DataFile],
+        first: int,
+        end_lsn: int,
+        extra: Mapping[str, str],
+    ) -> int | None:
+        """``commit`` made by Iceberg's Java library in Spark's driver (``iceberg.jvm``):
+        the same checks on the snapshot it builds on, the same snapshot."""
+        self.files_sync(files).sync()  # the files before the commit names them
+        fencing.check()
+        kind, number = java.append(
+            self.ident,
+            [f.path for f in files],
+            first,
+            end_lsn,
+            OFFSET + self.app_id,
+            snapshots.CARRIED,
+            extra,
+        )
+        self._table = None  # (this object's pyiceberg table is older now)
+        if kind == "deposed":
+            fencing.current().check_table(number, self._where)
+        if kind in ("skip", "overlap"):
+            holds(self.shape, number, first, end_lsn)  # (logs the replay; refuses an overlap)
+            return None
+        if kind == "lost":
+            raise SinkError(
+                f"shape '{self.shape}': {number} commits in a row lost a race "
+                "with another writer of this table"
+            )
+        if kind != "done":
+            raise SinkError(f"shape '{self.shape}': the Iceberg commit answered {kind!r}")
+        return number
+
+    def _forget_in_jvm(self) -> None:
+        """After a commit through pyiceberg: the JVM's committer loads the table again."""
+        java = self.java() if self.java is not None else None
+        if java is not None:
+            java.forget(self.ident)
 
     def backfill_commit(
         self,

@@ -1,0 +1,393 @@
+package tidemark.iceberg;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutorService;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import java.util.stream.Stream;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.iceberg.AppendFiles;
+import org.apache.iceberg.CatalogUtil;
+import org.apache.iceberg.DataFile;
+import org.apache.iceberg.DataFiles;
+import org.apache.iceberg.ExpireSnapshots;
+import org.apache.iceberg.FileFormat;
+import org.apache.iceberg.Metrics;
+import org.apache.iceberg.MetricsConfig;
+import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.LocationProviders;
+import org.apache.iceberg.ManifestFiles;
+import org.apache.iceberg.ManifestWriter;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.TableMetadata;
+import org.apache.iceberg.TableMetadataParser;
+import org.apache.iceberg.TableOperations;
+import org.apache.iceberg.TableProperties;
+import org.apache.iceberg.Transaction;
+import org.apache.iceberg.Transactions;
+import org.apache.iceberg.io.FileIO;
+import org.apache.iceberg.io.LocationProvider;
+import org.apache.iceberg.exceptions.CommitFailedException;
+import org.apache.iceberg.io.InputFile;
+import org.apache.iceberg.mapping.NameMapping;
+import org.apache.iceberg.mapping.NameMappingParser;
+import org.apache.iceberg.parquet.ParquetUtil;
+import org.apache.iceberg.util.JsonUtil;
+import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
+import org.apache.parquet.ParquetReadOptions;
+import org.apache.parquet.conf.PlainParquetConfiguration;
+import org.apache.parquet.hadoop.ParquetFileReader;
+import org.apache.parquet.io.LocalInputFile;
+
+/**
+ * The stream commits of tidemark's Iceberg changelogs, made with Iceberg's Java library in
+ * Spark's driver (called from Python: tidemark/sink/iceberg/jvm.py): the same commit as
+ * tidemark.sink.iceberg.table.IcebergChangelog.commit makes through pyiceberg, with the same
+ * checks, so the two write one table in turn.
+ *
+ * <p>The catalog stays Python's: a commit here writes the new snapshot's manifest, manifest
+ * list and table metadata file, and Python swaps the catalog's pointer to that file (the same
+ * compare-and-swap pyiceberg's SQL catalog makes, on the same connections) and reports back
+ * ({@link #swapped}). A commit reads the table's metadata at the pointer Python gives (cached
+ * from the last commit here while the pointer has not moved), checks its newest snapshot (the
+ * leader's epoch mark, the replay check on the stream's committed offset), and builds one
+ * snapshot appending the files on exactly that metadata: {@link Ops} never reads anything
+ * again, where Iceberg's own table operations would refresh and apply the append again on a
+ * newer snapshot, unchecked. A pointer that moved in between (pyiceberg's commit, a newer
+ * leader's mark) makes Python's swap fail; the table is read again and checked again.
+ *
+ * <p>The files it writes go through {@link SyncedFileIO}: fenced and synced before Python
+ * moves the pointer to them.
+ */
+public final class IcebergStreamCommits {
+  private final SyncedFileIO io = new SyncedFileIO();
+  private final Map<String, Ops> tables = new ConcurrentHashMap<>();
+
+  public IcebergStreamCommits(Map<String, String> properties, Configuration conf) {
+    io.setConf(conf);
+    io.initialize(properties);
+  }
+
+  /**
+   * Build the commit appending {@code paths} (Parquet files: URIs, or paths relative to the
+   * table's folder) to {@code name} (namespace.table), whose catalog pointer is {@code
+   * location}, in one snapshot whose summary is the carried keys of the newest snapshot (those
+   * starting with one of {@code carried}), then {@code extra}, then {@code mark}; write its
+   * files. {@code request} is a JSON object with those four: {@code paths} and {@code carried}
+   * lists of strings, {@code extra} and {@code mark} objects of strings.
+   *
+   * <p>Returns {@code "<outcome> <number> <location>"}, the outcome one of (checked in this
+   * order): {@code deposed} (a newer leader marked the table: the number is the mark, {@code
+   * epochKey}'s value, above {@code epoch}, which is -1 when unfenced), {@code skip} (the table
+   * holds the batch: the number is the committed offset, at or above {@code end}), {@code
+   * overlap} (it holds a part of it: the offset), {@code swap} (the commit's files are written:
+   * the number is its sequence number, the location its metadata file, for Python to swap the
+   * pointer to and report with {@link #swapped}).
+   */
+  public String append(
+      String name,
+      String location,
+      String request,
+      long first,
+      long end,
+      String offsetKey,
+      String epochKey,
+      long epoch,
+      String leaderFile,
+      boolean sync) {
+    SyncedFileIO.Fence.set(leaderFile, epoch, sync);
+    try {
+      // (one JSON string from Python, not py4j's conversion: a gateway call per element)
+      JsonNode asked = JsonUtil.mapper().readTree(request);
+      List<String> paths = strings(asked.get("paths"));
+      List<String> carriedPrefixes = strings(asked.get("carried"));
+      Map<String, String> extra = JsonUtil.getStringMap("extra", asked);
+      Map<String, String> mark = JsonUtil.getStringMap("mark", asked);
+      Ops ops = tables.get(name);
+      if (ops == null || !location.equals(ops.current.metadataFileLocation())) {
+        ops = new Ops(io, TableMetadataParser.read(io, location));
+        tables.put(name, ops);
+      }
+      TableMetadata base = ops.current;
+      Snapshot newest = base.currentSnapshot();
+      Map<String, String> found = newest == null ? Map.of() : newest.summary();
+      Long marked = number(found, epochKey);
+      if (epoch >= 0 && marked != null && marked > epoch) {
+        return "deposed " + marked + " " + location;
+      }
+      Long offset = number(found, offsetKey);
+      if (offset != null && end <= offset) {
+        return "skip " + offset + " " + location;
+      }
+      if (offset != null && first <= offset) {
+        return "overlap " + offset + " " + location;
+      }
+      Transaction tx = Transactions.newTransaction(name, ops);
+      commit(tx, ops, paths, summary(found, carriedPrefixes, extra, mark));
+      TableMetadata pending = ops.pending;
+      return "swap " + pending.currentSnapshot().sequenceNumber() + " " + pending.metadataFileLocation();
+    } catch (IOException unreadable) {
+      throw new UncheckedIOException(unreadable);
+    } catch (RuntimeException failed) {
+      tables.remove(name);
+      throw failed;
+    } finally {
+      SyncedFileIO.Fence.clear();
+    }
+  }
+
+  private static List<String> strings(JsonNode array) {
+    List<String> out = new ArrayList<>();
+    array.forEach(item -> out.add(item.asText()));
+    return out;
+  }
+
+  /**
+   * Python's swap of the catalog's pointer to the metadata file {@link #append} wrote: {@code
+   * ok}, the table is at that metadata now (and the metadata files it no longer keeps are
+   * removed); else the file is removed and the table is read again at the next commit.
+   */
+  public void swapped(String name, boolean ok, String leaderFile, long epoch) {
+    Ops ops = tables.get(name);
+    if (ops == null || ops.pending == null) {
+      return;
+    }
+    SyncedFileIO.Fence.set(leaderFile, epoch, true);
+    try {
+      TableMetadata base = ops.current;
+      TableMetadata pending = ops.pending;
+      ops.pending = null;
+      if (ok) {
+        ops.current = pending;
+        CatalogUtil.deleteRemovedMetadataFiles(io, base, pending);
+      } else {
+        tables.remove(name);
+        io.deleteFile(pending.metadataFileLocation());
+      }
+    } finally {
+      SyncedFileIO.Fence.clear();
+    }
+  }
+
+  /** Forget the table as read (another writer changed it: pyiceberg, a set-aside). */
+  public void forget(String name) {
+    tables.remove(name);
+  }
+
+  public void close() {
+    tables.clear();
+    io.close();
+  }
+
+  private static void commit(
+      Transaction tx, Ops ops, List<String> paths, Map<String, String> summary) {
+    Table table = tx.table();
+    MetricsConfig metrics = MetricsConfig.forTable(table);
+    String mappingJson = table.properties().get(TableProperties.DEFAULT_NAME_MAPPING);
+    NameMapping mapping = mappingJson == null ? null : NameMappingParser.fromJson(mappingJson);
+    AppendFiles append = tx.newAppend().scanManifestsWith(IN_THIS_THREAD);
+    String location = table.location().replaceAll("/+$", "");
+    List<DataFile> added = new ArrayList<>();
+    for (String name : paths) {
+      String path = name.contains("://") || name.startsWith("/") ? name : location + "/" + name;
+      java.nio.file.Path local = SyncedFileIO.localPath(path);
+      DataFiles.Builder data =
+          DataFiles.builder(table.spec()).withPath(path).withFormat(FileFormat.PARQUET);
+      if (local != null) {
+        data.withFileSizeInBytes(local.toFile().length())
+            .withMetrics(localMetrics(local, metrics, mapping));
+      } else {
+        InputFile file = table.io().newInputFile(path);
+        data.withFileSizeInBytes(file.getLength())
+            .withMetrics(ParquetUtil.fileMetrics(file, metrics, mapping));
+      }
+      added.add(data.build());
+    }
+    int version = ops.current().formatVersion();
+    if (version >= 2 && !added.isEmpty()) {
+      // the manifest written here, on this thread: Iceberg writes an appended file's manifest
+      // on its worker pool and polls for it every 10 ms (Tasks.waitFor), which was most of a
+      // commit's time. (From format 2 on a manifest's entries take the commit's snapshot id
+      // and sequence number when it lands, so it is used as it is.)
+      ManifestWriter<DataFile> writer =
+          ManifestFiles.write(
+              version,
+              table.spec(),
+              table.io().newOutputFile(ops.metadataFileLocation(UUID.randomUUID() + "-m0.avro")),
+              null);
+      try (writer) {
+        added.forEach(writer::add);
+      } catch (IOException e) {
+        throw new UncheckedIOException(e);
+      }
+      append.appendManifest(writer.toManifestFile());
+    } else {
+      added.forEach(append::appendFile);
+    }
+    summary.forEach(append::set);
+    append.commit();
+    // a table keeps at most tidemark.max-snapshots snapshots: this commit removes the oldest
+    // past that (their files go at the next vacuum), as the pyiceberg commit does
+    int keep = Integer.parseInt(table.properties().getOrDefault("tidemark.max-snapshots", "100"));
+    List<Snapshot> old = new ArrayList<>();
+    Snapshot current = null;
+    // (the snapshots before this commit: the one just appended is the transaction's current)
+    Snapshot appended = table.currentSnapshot();
+    for (Snapshot s : table.snapshots()) {
+      if (appended == null || s.snapshotId() != appended.snapshotId()) {
+        old.add(s);
+      }
+    }
+    if (appended != null && appended.parentId() != null) {
+      current = table.snapshot(appended.parentId());
+    }
+    if (old.size() >= keep) {
+      old.sort(Comparator.comparingLong(Snapshot::timestampMillis));
+      ExpireSnapshots expire =
+          tx.expireSnapshots()
+              .expireOlderThan(0)
+              .cleanExpiredFiles(false)
+              .planWith(IN_THIS_THREAD);
+      int removed = 0;
+      for (Snapshot s : old.subList(0, old.size() - keep + 1)) {
+        if (current == null || s.snapshotId() != current.snapshotId()) {
+          expire.expireSnapshotId(s.snapshotId());
+          removed++;
+        }
+      }
+      if (removed > 0) {
+        expire.commit();
+      }
+    }
+    tx.commitTransaction();
+  }
+
+  // the manifests of a commit are read and written on its own thread: Iceberg's worker pool
+  // has a thread per core for every commit thread, and a commit waiting for it polls every
+  // 10 ms (Tasks.waitFor), which made a commit of one file take ~90 ms with 8 commit threads
+  private static final ExecutorService IN_THIS_THREAD = MoreExecutors.newDirectExecutorService();
+
+  // Parquet's reader options from a plain configuration: its default builder makes a new
+  // Hadoop configuration for every file it opens (parsing Hadoop's default XML files), which
+  // cost several times the footer's own read
+  private static final ParquetReadOptions READ_OPTIONS =
+      ParquetReadOptions.builder(new PlainParquetConfiguration()).build();
+
+  /** The metrics of a local Parquet file from its footer, as ParquetUtil.fileMetrics gives. */
+  private static Metrics localMetrics(
+      java.nio.file.Path path, MetricsConfig config, NameMapping mapping) {
+    try (ParquetFileReader reader = ParquetFileReader.open(new LocalInputFile(path), READ_OPTIONS)) {
+      return ParquetUtil.footerMetrics(reader.getFooter(), Stream.empty(), config, mapping);
+    } catch (IOException e) {
+      throw new UncheckedIOException("cannot read the Parquet footer of " + path, e);
+    }
+  }
+
+  private static Map<String, String> summary(
+      Map<String, String> found,
+      List<String> carriedPrefixes,
+      Map<String, String> extra,
+      Map<String, String> mark) {
+    Map<String, String> out = new LinkedHashMap<>();
+    for (Map.Entry<String, String> e : found.entrySet()) {
+      for (String prefix : carriedPrefixes) {
+        if (e.getKey().startsWith(prefix)) {
+          out.put(e.getKey(), e.getValue());
+          break;
+        }
+      }
+    }
+    out.putAll(extra);
+    out.putAll(mark);
+    return out;
+  }
+
+  private static Long number(Map<String, String> found, String key) {
+    String value = found.get(key);
+    return value == null ? null : Long.valueOf(value);
+  }
+
+  /**
+   * A table's operations at the metadata last read or committed here: {@code current} and
+   * {@code refresh} give it (never the catalog's newer one), and a commit on it writes the new
+   * metadata file and keeps it as {@code pending} until Python has swapped the catalog's
+   * pointer to it.
+   */
+  static final class Ops implements TableOperations {
+    private static final Pattern VERSION = Pattern.compile("(\\d+)-[^/]*\\.metadata\\.json$");
+    private final FileIO io;
+    volatile TableMetadata current;
+    volatile TableMetadata pending;
+
+    Ops(FileIO io, TableMetadata current) {
+      this.io = io;
+      this.current = current;
+    }
+
+    @Override
+    public TableMetadata current() {
+      return current;
+    }
+
+    @Override
+    public TableMetadata refresh() {
+      return current;
+    }
+
+    @Override
+    public void commit(TableMetadata base, TableMetadata metadata) {
+      if (base != current) {
+        throw new CommitFailedException("Cannot commit: the table moved on since it was read");
+      }
+      String file =
+          String.format(
+              "%05d-%s%s",
+              version(base.metadataFileLocation()) + 1,
+              UUID.randomUUID(),
+              TableMetadataParser.getFileExtension(
+                  metadata.property(
+                      TableProperties.METADATA_COMPRESSION,
+                      TableProperties.METADATA_COMPRESSION_DEFAULT)));
+      String location = metadataFileLocation(metadata, file);
+      TableMetadataParser.write(metadata, io.newOutputFile(location));
+      pending = TableMetadata.buildFrom(metadata).discardChanges().withMetadataLocation(location).build();
+    }
+
+    private static int version(String location) {
+      Matcher found = location == null ? null : VERSION.matcher(location);
+      return found != null && found.find() ? Integer.parseInt(found.group(1)) : 0;
+    }
+
+    private static String metadataFileLocation(TableMetadata metadata, String fileName) {
+      String folder = metadata.properties().get(TableProperties.WRITE_METADATA_LOCATION);
+      if (folder != null) {
+        return folder.replaceAll("/+$", "") + "/" + fileName;
+      }
+      return metadata.location().replaceAll("/+$", "") + "/metadata/" + fileName;
+    }
+
+    @Override
+    public FileIO io() {
+      return io;
+    }
+
+    @Override
+    public String metadataFileLocation(String fileName) {
+      return metadataFileLocation(current, fileName);
+    }
+
+    @Override
+    public LocationProvider locationProvider() {
+      return LocationProviders.locationsFor(current.location(), current.properties());
+    }
+  }
+}

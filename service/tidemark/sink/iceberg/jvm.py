@@ -1,0 +1,216 @@
+"""Iceberg's stream commits in Spark's driver, with Iceberg's Java library.
+
+A stream commit (one per shape touched, each flush round) is most of what an Iceberg
+sink commits. Through pyiceberg it is 15-40 ms of Python under the GIL (a manifest and
+a manifest list encoded in Avro, the table's metadata copied and dumped), ~30 commits a
+second whatever the number of commit threads. The JVM that writes the data files
+commits them instead (``tidemark/jvm/IcebergStreamCommits.java``): each commit thread's
+call runs on a JVM thread of its own (py4j's pinned threads) while the GIL is free.
+
+The Java commit is pyiceberg's commit (``IcebergChangelog.commit``) made elsewhere: the
+same checks on the same snapshot (the leader's epoch mark, the replay check on the
+committed offset), the same summary (the carried state, the batch's range and offset,
+this leader's mark), one snapshot appending the files, built on exactly the metadata
+checked; the same cap on snapshots. Its metadata files are fenced and synced before the
+catalog's pointer moves (``SyncedFileIO.java``, as ``iceberg.io`` does for pyiceberg).
+The pointer itself stays Python's: the same compare-and-swap pyiceberg's SQL catalog
+makes (``UPDATE ... WHERE metadata_location = <the one checked>``), on the catalog's own
+connections, so SQLite's locks are taken by one library and its commit is synced as
+pyiceberg's is. A swap that finds the pointer moved (pyiceberg's commit in between, a
+newer leader's mark) reads the table again and checks again. Every other commit (a new
+table, added columns, a backfill, retention, compaction, expiry, a leader's mark) stays
+pyiceberg's: the two write one table in turn, each building on what the other committed.
+
+Used when the Spark session is a local one with Iceberg's jars on its class path
+(``make setup`` fetches them: ``tidemark.spark.iceberg_jars``), the root is on local
+disk and the catalog is a SQL one (SQLite or PostgreSQL); else pyiceberg commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+
+from tidemark.errors import SinkError
+from tidemark.state import durable, fencing, objectstore
+
+log = structlog.get_logger("tidemark.sink.iceberg")
+
+JAVA_CLASS: Final = "tidemark.iceberg.IcebergStreamCommits"
+FILE_IO: Final = "tidemark.iceberg.SyncedFileIO"
+COMMIT_ATTEMPTS: Final = 5  # (snapshots.COMMIT_ATTEMPTS)
+
+
+class JavaCommits:
+    """The Java committer of one SQL catalog (``IcebergStreamCommits``)."""
+
+    def __init__(self, java: Any, catalog: Any) -> None:
+        self._java = java
+        self._catalog = catalog  # pyiceberg's SqlCatalog: its engine makes the swaps
+        self._pointers: dict[str, str] = {}  # each table's metadata after our last swap
+        self._lock = threading.Lock()
+
+    def append(
+        self,
+        ident: tuple[str, str],
+        paths: Sequence[str],
+        first: int,
+        end: int,
+        offset_key: str,
+        carried: Sequence[str],
+        extra: Mapping[str, str],
+    ) -> tuple[str, int]:
+        """One stream commit: its outcome, ``deposed`` (the table's mark), ``skip`` or
+        ``overlap`` (the committed offset), ``done`` (the sequence number) or ``lost``
+        (attempts). ``Deposed`` when a newer leader took over meanwhile; ``SinkError`` for
+        any other failure."""
+        fence = fencing.current()
+        mark = dict(fence.commit_info())
+        leader = ""
+        if fence.epoch is not None:
+            mark[fence.app_id] = str(fence.epoch)
+            if isinstance(fence.root, Path):
+                leader = str(fencing.leader_path(fence.root, fence.instance))
+        epoch = -1 if fence.epoch is None else fence.epoch
+        name = ".".join(ident)
+        request = json.dumps(
+            {"paths": list(paths), "carried": list(carried), "extra": dict(extra), "mark": mark}
+        )
+        for _ in range(COMMIT_ATTEMPTS):
+            pointer = self._pointers.get(name) or self._pointer(ident)
+            try:
+                outcome = str(
+                    self._java.append(
+                        name,
+                        pointer,
+                        request,
+                        first,
+                        end,
+                        offset_key,
+                        fence.app_id,
+                        epoch,
+                        leader,
+                        durable.syncing(),
+                    )
+                )
+            except Exception as exc:
+                self._pointers.pop(name, None)
+                fence.check()  # (a newer leader: Deposed, as the fenced file IO found)
+                raise SinkError(
+                    f"the Iceberg commit of {name} failed in Spark's driver: {_java_message(exc)}"
+                ) from exc
+            kind, number, written = outcome.split(" ", 2)
+            if kind != "swap":
+                return kind, int(number)
+            fence.check()  # (before the pointer moves, as before pyiceberg's swap)
+            moved = False
+            try:
+                moved = self._swap(ident, pointer, written)
+            finally:  # (not moved: the JVM removes the file it wrote)
+                self._java.swapped(name, moved, leader, epoch)
+            if moved:
+                self._pointers[name] = written
+                return "done", int(number)
+            self._pointers.pop(name, None)  # (moved on: read again, checked again)
+            log.warning("commit.conflict", table=name, error="the catalog's pointer moved")
+        return "lost", COMMIT_ATTEMPTS
+
+    def _pointer(self, ident: tuple[str, str]) -> str:
+        from sqlalchemy import text
+
+        with self._catalog.engine.connect() as conn:
+            found = conn.execute(
+                text(
+                    "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :c "
+                    "AND table_namespace = :ns AND table_name = :t"
+                ),
+                {"c": self._catalog.name, "ns": ident[0], "t": ident[1]},
+            ).scalar()
+        if found is None:
+            raise SinkError(f"the Iceberg catalog has no table {'.'.join(ident)}")
+        return str(found)
+
+    def _swap(self, ident: tuple[str, str], old: str, new: str) -> bool:
+        """The catalog's pointer from ``old`` to ``new``, if it is still at ``old``."""
+        from sqlalchemy import text
+
+        with self._catalog.engine.begin() as conn:
+            result = conn.execute(
+                text(
+                    "UPDATE iceberg_tables SET metadata_location = :new, "
+                    "previous_metadata_location = :old WHERE catalog_name = :c "
+                    "AND table_namespace = :ns AND table_name = :t "
+                    "AND metadata_location = :old"
+                ),
+                {"new": new, "old": old, "c": self._catalog.name, "ns": ident[0], "t": ident[1]},
+            )
+            return bool(result.rowcount == 1)
+
+    def forget(self, ident: tuple[str, str]) -> None:
+        """The table changed through pyiceberg: read it again at the next commit."""
+        name = ".".join(ident)
+        self._pointers.pop(name, None)
+        self._java.forget(name)
+
+
+_lock = threading.Lock()
+_made: dict[tuple[int, int], JavaCommits | None] = {}
+
+
+def committer(spark: Any, root: str | Path, catalog: Any) -> JavaCommits | None:
+    """The Java committer for ``catalog`` (pyiceberg's, of ``root``) in ``spark``'s driver
+    (one per session and catalog); None where pyiceberg commits (see the module
+    docstring)."""
+    if spark is None or objectstore.is_remote(root) or getattr(catalog, "engine", None) is None:
+        return None  # (a REST catalog has no engine: its commits are requests)
+    jsc = getattr(getattr(spark, "sparkContext", None), "_jsc", None)
+    if jsc is None:  # (a Spark Connect session)
+        return None
+    key = (id(spark), id(catalog))
+    with _lock:
+        if key not in _made:
+            _made[key] = _make(spark, jsc, catalog)
+        return _made[key]
+
+
+def _make(spark: Any, jsc: Any, catalog: Any) -> JavaCommits | None:
+    gateway = spark.sparkContext._gateway
+    properties = gateway.jvm.java.util.HashMap()
+    try:
+        java = gateway.jvm.tidemark.iceberg.IcebergStreamCommits(
+            properties, jsc.hadoopConfiguration()
+        )
+    except Exception as exc:  # (no Iceberg jars on the class path: an older session)
+        log.warning(
+            "iceberg.java_commits_unavailable",
+            error=_java_message(exc),
+            hint="pyiceberg commits every Iceberg table; `make setup` fetches Iceberg's jars",
+        )
+        return None
+    log.info("iceberg.java_commits", catalog=catalog.name)
+    return JavaCommits(java, catalog)
+
+
+def close_all() -> None:
+    """Close every committer (``catalog.forget_catalogs``)."""
+    with _lock:
+        made = [m for m in _made.values() if m is not None]
+        _made.clear()
+    for commits in made:
+        with contextlib.suppress(Exception):  # (its session stopped already)
+            commits._java.close()
+
+
+def _java_message(exc: BaseException) -> str:
+    java = getattr(exc, "java_exception", None)
+    text = str(exc)
+    if java is not None:
+        with contextlib.suppress(Exception):
+            text = str(java.toString())
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
