@@ -10,6 +10,7 @@ table's other commits by pyiceberg."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,43 @@ def test_stream_commits_in_sparks_driver_are_pyicebergs_commits(
     with pytest.raises(WriterFenced):
         table.commit(_batch_files(table, 4 * BATCH, 5 * BATCH), 5 * BATCH, first_lsn=4 * BATCH)
     assert tables.changelog(root, SHAPE).committed_lsn() == 4 * BATCH
+    forget_catalogs()
+
+
+def test_two_handles_racing_one_batch_in_the_driver_commit_it_once(
+    tmp_path: Path, spark: Any
+) -> None:
+    """Two handles of one table commit the same batch at the same moment, each many
+    times: the catalog's swap lets one of each pair through, the other reads the table
+    again and skips it as a replay; every metadata file a pointer names is there."""
+    root = str(tmp_path)
+    tables = IcebergFormat()
+    tables.use_engine(spark)
+    one, two = tables.changelog(root, SHAPE), tables.changelog(root, SHAPE)
+    one.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    start = threading.Barrier(2)
+    landed: list[int | None] = []
+
+    def commit(table: Any, files: list[Any], first: int, end: int) -> None:
+        start.wait()
+        landed.append(table.commit(files, end, first_lsn=first))
+
+    for k in range(6):
+        first, end = k * BATCH + 1, (k + 1) * BATCH
+        files = [_batch_files(t, first, end) for t in (one, two)]
+        racers = [
+            threading.Thread(target=commit, args=(t, f, first, end))
+            for t, f in zip((one, two), files, strict=True)
+        ]
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join()
+    assert sum(1 for v in landed if v is not None) == 6  # one of each pair
+    forget_catalogs()
+    again = IcebergFormat().changelog(root, SHAPE)
+    assert again.committed_lsn() == 6 * BATCH
+    assert sorted(r["_lsn"] for r in rows_of(again)) == list(range(1, 6 * BATCH + 1))
     forget_catalogs()
 
 

@@ -133,7 +133,7 @@ public final class IcebergStreamCommits {
       }
       Transaction tx = Transactions.newTransaction(name, ops);
       commit(tx, ops, paths, summary(found, carriedPrefixes, extra, mark));
-      TableMetadata pending = ops.pending;
+      TableMetadata pending = ops.pending.get(Ops.WRITTEN.get());
       return "swap " + pending.currentSnapshot().sequenceNumber() + " " + pending.metadataFileLocation();
     } catch (IOException unreadable) {
       throw new UncheckedIOException(unreadable);
@@ -152,26 +152,26 @@ public final class IcebergStreamCommits {
   }
 
   /**
-   * Python's swap of the catalog's pointer to the metadata file {@link #append} wrote: {@code
-   * ok}, the table is at that metadata now (and the metadata files it no longer keeps are
-   * removed); else the file is removed and the table is read again at the next commit.
+   * Python's swap of the catalog's pointer to the metadata file {@code written} that {@link
+   * #append} wrote: {@code ok}, the table is at that metadata now (and the metadata files it no
+   * longer keeps are removed); else the file is removed and the table is read again at the next
+   * commit. (Two commits built on one metadata, from two threads: the catalog's swap lets one
+   * through, so each is matched by its own file.)
    */
-  public void swapped(String name, boolean ok, String leaderFile, long epoch) {
+  public void swapped(String name, String written, boolean ok, String leaderFile, long epoch) {
     Ops ops = tables.get(name);
-    if (ops == null || ops.pending == null) {
-      return;
-    }
+    TableMetadata pending = ops == null ? null : ops.pending.remove(written);
     SyncedFileIO.Fence.set(leaderFile, epoch, true);
     try {
-      TableMetadata base = ops.current;
-      TableMetadata pending = ops.pending;
-      ops.pending = null;
-      if (ok) {
+      if (ok && pending != null) {
+        TableMetadata base = ops.current;
         ops.current = pending;
         CatalogUtil.deleteRemovedMetadataFiles(io, base, pending);
-      } else {
+      } else if (!ok) {
         tables.remove(name);
-        io.deleteFile(pending.metadataFileLocation());
+        io.deleteFile(written);
+      } else {
+        tables.remove(name); // (read again at the next commit)
       }
     } finally {
       SyncedFileIO.Fence.clear();
@@ -324,9 +324,12 @@ public final class IcebergStreamCommits {
    */
   static final class Ops implements TableOperations {
     private static final Pattern VERSION = Pattern.compile("(\\d+)-[^/]*\\.metadata\\.json$");
+    // the metadata file the last commit on this thread wrote
+    static final ThreadLocal<String> WRITTEN = new ThreadLocal<>();
     private final FileIO io;
     volatile TableMetadata current;
-    volatile TableMetadata pending;
+    // written, not yet swapped in by Python, by location
+    final Map<String, TableMetadata> pending = new ConcurrentHashMap<>();
 
     Ops(FileIO io, TableMetadata current) {
       this.io = io;
@@ -359,7 +362,10 @@ public final class IcebergStreamCommits {
                       TableProperties.METADATA_COMPRESSION_DEFAULT)));
       String location = metadataFileLocation(metadata, file);
       TableMetadataParser.write(metadata, io.newOutputFile(location));
-      pending = TableMetadata.buildFrom(metadata).discardChanges().withMetadataLocation(location).build();
+      pending.put(
+          location,
+          TableMetadata.buildFrom(metadata).discardChanges().withMetadataLocation(location).build());
+      WRITTEN.set(location);
     }
 
     private static int version(String location) {

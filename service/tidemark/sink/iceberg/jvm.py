@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import structlog
 
-from tidemark.errors import SinkError
+from tidemark.errors import SinkError, TidemarkError
 from tidemark.state import durable, fencing, objectstore
 
 log = structlog.get_logger("tidemark.sink.iceberg")
@@ -108,12 +108,23 @@ class JavaCommits:
             kind, number, written = outcome.split(" ", 2)
             if kind != "swap":
                 return kind, int(number)
-            fence.check()  # (before the pointer moves, as before pyiceberg's swap)
-            moved = False
             try:
+                fence.check()  # (before the pointer moves, as before pyiceberg's swap)
                 moved = self._swap(ident, pointer, written)
-            finally:  # (not moved: the JVM removes the file it wrote)
-                self._java.swapped(name, moved, leader, epoch)
+            except Exception as exc:
+                # (the swap's outcome unknown: the file it names stays, the table is read
+                # again at the next commit, whose replay check finds what landed)
+                self._forget(name)
+                if isinstance(exc, TidemarkError):
+                    raise
+                raise SinkError(
+                    f"the Iceberg commit of {name}: the catalog's swap failed: {exc}"
+                ) from exc
+            try:  # (not moved: the JVM removes the file it wrote)
+                self._java.swapped(name, written, moved, leader, epoch)
+            except Exception as exc:
+                log.warning("iceberg.java_swapped_failed", table=name, error=_java_message(exc))
+                self._forget(name)
             if moved:
                 self._pointers[name] = written
                 return "done", int(number)
@@ -154,13 +165,16 @@ class JavaCommits:
 
     def forget(self, ident: tuple[str, str]) -> None:
         """The table changed through pyiceberg: read it again at the next commit."""
-        name = ".".join(ident)
+        self._forget(".".join(ident))
+
+    def _forget(self, name: str) -> None:
         self._pointers.pop(name, None)
-        self._java.forget(name)
+        with contextlib.suppress(Exception):  # (a stopped session: nothing to forget)
+            self._java.forget(name)
 
 
 _lock = threading.Lock()
-_made: dict[tuple[int, int], JavaCommits | None] = {}
+_made: dict[tuple[int, int], tuple[Any, Any, JavaCommits | None]] = {}
 
 
 def committer(spark: Any, root: str | Path, catalog: Any) -> JavaCommits | None:
@@ -169,14 +183,20 @@ def committer(spark: Any, root: str | Path, catalog: Any) -> JavaCommits | None:
     docstring)."""
     if spark is None or objectstore.is_remote(root) or getattr(catalog, "engine", None) is None:
         return None  # (a REST catalog has no engine: its commits are requests)
-    jsc = getattr(getattr(spark, "sparkContext", None), "_jsc", None)
-    if jsc is None:  # (a Spark Connect session)
+    try:
+        jsc = spark.sparkContext._jsc
+    except Exception:  # (a Spark Connect session has no context here)
+        return None
+    if jsc is None:  # (a session stopped)
         return None
     key = (id(spark), id(catalog))
     with _lock:
-        if key not in _made:
-            _made[key] = _make(spark, jsc, catalog)
-        return _made[key]
+        found = _made.get(key)
+        if found is None or found[0] is not spark or found[1] is not catalog:
+            # (the session and the catalog kept with it: their ids are not reused)
+            found = (spark, catalog, _make(spark, jsc, catalog))
+            _made[key] = found
+        return found[2]
 
 
 def _make(spark: Any, jsc: Any, catalog: Any) -> JavaCommits | None:
@@ -200,7 +220,7 @@ def _make(spark: Any, jsc: Any, catalog: Any) -> JavaCommits | None:
 def close_all() -> None:
     """Close every committer (``catalog.forget_catalogs``)."""
     with _lock:
-        made = [m for m in _made.values() if m is not None]
+        made = [m for _, _, m in _made.values() if m is not None]
         _made.clear()
     for commits in made:
         with contextlib.suppress(Exception):  # (its session stopped already)
