@@ -35,7 +35,7 @@ java:
 # Iceberg's Java library and the JDBC drivers of the SQL catalogs, with which a local
 # Spark session commits Iceberg changelogs in its driver (tidemark.sink.iceberg.jvm;
 # without them pyiceberg commits): by Maven into .jars/iceberg/ (jars/iceberg/pom.xml,
-# checksums beside it, 19 MB).
+# checksums beside it, 6 MB).
 iceberg:
 	@sh jars/fetch.sh jars/iceberg $${TIDEMARK_JARS_DIR:-.jars}/iceberg
 
