@@ -169,7 +169,7 @@ docs: setup
 JVM_DIR := service/tidemark/jvm
 jvm: setup
 	@rm -rf build/jvm && mkdir -p build/jvm
-	javac --release 17 -cp "$$($(PY) -m tidemark.jvm classpath)" -d build/jvm $(JVM_DIR)/*.java
+	javac --release 17 -cp "$$($(PY) -m tidemark.jvm classpath $${TIDEMARK_JARS_DIR:-.jars})" -d build/jvm $(JVM_DIR)/*.java
 	jar --create --date=2026-01-01T00:00:00Z --file $(JVM_DIR)/tidemark-jvm.jar -C build/jvm .
 	@rm -rf build/jvm
 

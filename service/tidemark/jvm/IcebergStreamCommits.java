@@ -132,8 +132,13 @@ public final class IcebergStreamCommits {
         return "overlap " + offset + " " + location;
       }
       Transaction tx = Transactions.newTransaction(name, ops);
+      Ops.WRITTEN.remove();
       commit(tx, ops, paths, summary(found, carriedPrefixes, extra, mark));
-      TableMetadata pending = ops.pending.get(Ops.WRITTEN.get());
+      String written = Ops.WRITTEN.get();
+      TableMetadata pending = written == null ? null : ops.pending.get(written);
+      if (pending == null) {
+        throw new IllegalStateException("the commit of " + name + " wrote no table metadata");
+      }
       return "swap " + pending.currentSnapshot().sequenceNumber() + " " + pending.metadataFileLocation();
     } catch (IOException unreadable) {
       throw new UncheckedIOException(unreadable);
