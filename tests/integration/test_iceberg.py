@@ -203,6 +203,88 @@ def test_two_handles_racing_one_batch_in_the_driver_commit_it_once(
     forget_catalogs()
 
 
+def test_others_appends_are_built_on_and_anything_else_refused_until_a_resync(
+    tmp_path: Path, iceberg: IcebergFormat
+) -> None:
+    """Another writer's append between two commits: the next commit (built on the table
+    as it was) loses the race, reads the table again and lands on top of it; the
+    table's state (the offset a replay is checked against) is read past others'
+    snapshots. Another writer's delete: the shape's commits are refused, naming the
+    shape and what to do, until a resync's backfill replaces the rows."""
+    from pyiceberg.expressions import EqualTo
+
+    root = str(tmp_path)
+    table = iceberg.changelog(root, SHAPE)
+    table.max_snapshots = 5  # (others' appends do not push tidemark's state out)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    assert table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1)
+
+    def others() -> Any:  # another writer: its own read of the table
+        return table.catalog.load_table(table.ident)
+
+    def one_row() -> Any:
+        return others().scan(row_filter=EqualTo("_lsn", 1)).to_arrow().slice(0, 1)
+
+    others().append(one_row())  # (row 1 once more: another writer's append)
+    assert table.commit(
+        _batch_files(table, BATCH + 1, 2 * BATCH), 2 * BATCH, first_lsn=BATCH + 1
+    ), "a commit racing another writer's append lands on top of it"
+    for _ in range(6):  # others' appends at the head of the history
+        others().append(one_row())
+    again = iceberg.changelog(root, SHAPE)
+    assert again.committed_lsn() == 2 * BATCH and again.generation() == 0
+    assert (
+        again.commit(_batch_files(again, BATCH + 1, 2 * BATCH), 2 * BATCH, first_lsn=BATCH + 1)
+        is None
+    )
+    lsns = sorted(r["_lsn"] for r in rows_of(again))
+    assert lsns == [1] * 8 + list(range(2, 2 * BATCH + 1))
+    assert again.commit(
+        _batch_files(again, 2 * BATCH + 1, 3 * BATCH), 3 * BATCH, first_lsn=2 * BATCH + 1
+    )
+    assert snapshots.summary(again.refresh())[snapshots.GENERATION] == "0"
+
+    others().delete(EqualTo("_lsn", 1))  # another writer's delete
+    batch = _batch_files(again, 3 * BATCH + 1, 4 * BATCH)
+    for handle in (again, iceberg.changelog(root, SHAPE)):  # (raced, and read fresh)
+        with pytest.raises(SinkError, match=f"shape '{SHAPE}': another writer changed") as err:
+            handle.commit(batch, 4 * BATCH, first_lsn=3 * BATCH + 1)
+        assert f"tidemark shapes resync {SHAPE}" in str(err.value)
+        assert "rollback_to_snapshot" in str(err.value)
+    with pytest.raises(SinkError, match="another writer changed"):
+        again.compact(target_size=1 << 30)
+    assert iceberg.changelog(root, SHAPE).committed_lsn() == 3 * BATCH
+    # a resync: its backfill replaces the rows, and the stream goes on
+    rebuilt = _batch_files(again, 1, 3 * BATCH)
+    active = again.active_files_with_sizes()
+    assert again.backfill_commit(active, rebuilt) > 0
+    assert again.commit(batch, 4 * BATCH, first_lsn=3 * BATCH + 1)
+    fresh = iceberg.changelog(root, SHAPE)
+    assert fresh.committed_lsn() == 4 * BATCH and fresh.generation() == 1
+    assert sorted(r["_lsn"] for r in rows_of(fresh)) == list(range(1, 4 * BATCH + 1))
+
+
+def test_a_schema_changed_by_another_writer_is_refused(
+    tmp_path: Path, iceberg: IcebergFormat
+) -> None:
+    """A schema change makes no snapshot: the table's schema against the one tidemark's
+    newest snapshot was written with."""
+    import pyarrow as pa
+
+    root = str(tmp_path)
+    table = iceberg.changelog(root, SHAPE)
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    assert table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1)
+    with table.catalog.load_table(table.ident).update_schema() as update:
+        update.union_by_name(pa.schema([pa.field("extra", pa.int64())]))
+    for handle in (table, iceberg.changelog(root, SHAPE)):
+        with pytest.raises(SinkError, match="its schema was changed"):
+            handle.commit(
+                _batch_files(handle, BATCH + 1, 2 * BATCH), 2 * BATCH, first_lsn=BATCH + 1
+            )
+    assert iceberg.changelog(root, SHAPE).committed_lsn() == BATCH
+
+
 def test_expired_snapshots_lose_nothing_a_restart_needs(
     tmp_path: Path, iceberg: IcebergFormat
 ) -> None:
@@ -415,6 +497,48 @@ async def test_a_service_started_again_in_the_same_process_marks_its_tables(
             await wait_frontiers(service, current_lsn(pg_db.dsn))
     assert fencing.read_epoch(tmp_path) == 2
     assert_equal(spark, tmp_path, "high", HIGH, pg_db.dsn)
+
+
+async def test_a_shape_whose_table_another_writer_rewrote_waits_in_error_for_a_resync(
+    pg_db: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """The service (its stream commits in Spark's driver): another writer's delete in one
+    shape's changelog puts that shape in error, naming it and what to do, while the
+    other shape goes on; a resync brings it back, and both equal Postgres."""
+    import asyncio
+
+    from pyiceberg.expressions import EqualTo
+
+    from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+    from .test_continuity import assert_equal
+
+    pg_db.execute(
+        "create table t (id int primary key, v int); create table u (id int primary key, v int);"
+        "insert into t select g, g from generate_series(1, 50) g;"
+        "insert into u select g, g from generate_series(1, 50) g"
+    )
+    shapes = [{"name": "t_all", "table": "t"}, {"name": "u_all", "table": "u"}]
+    settings = settings_for(pg_db.dsn, str(tmp_path), shapes, sink={"format": "iceberg"})
+    async with running_service(settings, spark) as service:
+        pg_db.execute("update t set v = v + 1; update u set v = v + 1")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+        others = IcebergFormat().changelog(str(tmp_path), "t_all")
+        others.catalog.load_table(others.ident).delete(EqualTo("id", 1))
+        pg_db.execute("update t set v = v + 1; update u set v = v + 1")
+        target = current_lsn(pg_db.dsn)
+        async with asyncio.timeout(60):
+            while service.shape_state("t_all")[0] != "error":
+                await asyncio.sleep(0.1)
+            while service.progress().frontiers.get("u_all", -1) < target:
+                await asyncio.sleep(0.1)
+        error = str(service.shape_state("t_all")[1])
+        assert "shape 't_all': another writer changed the Iceberg table" in error, error
+        assert "tidemark shapes resync t_all" in error, error
+        assert service.shape_state("u_all")[0] != "error"
+        await service.resync_shape("t_all")
+        await wait_frontiers(service, current_lsn(pg_db.dsn))
+    assert_equal(spark, tmp_path, "t_all", "select id, v from t", pg_db.dsn)
+    assert_equal(spark, tmp_path, "u_all", "select id, v from u", pg_db.dsn)
 
 
 def test_a_backfill_that_replaces_the_schema_replaces_it_and_the_rows(

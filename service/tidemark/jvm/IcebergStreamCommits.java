@@ -85,13 +85,19 @@ public final class IcebergStreamCommits {
    * files. {@code request} is a JSON object with those four: {@code paths} and {@code carried}
    * lists of strings, {@code extra} and {@code mark} objects of strings.
    *
-   * <p>Returns {@code "<outcome> <number> <location>"}, the outcome one of (checked in this
-   * order): {@code deposed} (a newer leader marked the table: the number is the mark, {@code
-   * epochKey}'s value, above {@code epoch}, which is -1 when unfenced), {@code skip} (the table
-   * holds the batch: the number is the committed offset, at or above {@code end}), {@code
-   * overlap} (it holds a part of it: the offset), {@code swap} (the commit's files are written:
-   * the number is its sequence number, the location its metadata file, for Python to swap the
-   * pointer to and report with {@link #swapped}).
+   * <p>The table's state is the summary of tidemark's newest snapshot, read past other writers'
+   * snapshots after it (a snapshot is tidemark's when a key of its summary starts with {@code
+   * tidemark}), as tidemark.sink.iceberg.snapshots reads it.
+   *
+   * <p>Returns {@code "<outcome> <number>"}, the outcome one of (checked in this order): {@code
+   * deposed} (a newer leader marked the table: the number is the mark, {@code epochKey}'s value,
+   * above {@code epoch}, which is -1 when unfenced), {@code others} (other writers changed the
+   * table beyond appends: {@code "others <what> <snapshot id> <tidemark's newest snapshot id or
+   * ->"}, what as snapshots.others_change says it), {@code skip} (the table holds the batch: the
+   * number is the committed offset, at or above {@code end}), {@code overlap} (it holds a part
+   * of it: the offset), {@code swap} ({@code "swap <number> <location>"}: the commit's files are
+   * written, the number is its sequence number, the location its metadata file, for Python to
+   * swap the pointer to and report with {@link #swapped}).
    */
   public String append(
       String name,
@@ -118,18 +124,23 @@ public final class IcebergStreamCommits {
         tables.put(name, ops);
       }
       TableMetadata base = ops.current;
-      Snapshot newest = base.currentSnapshot();
+      List<Snapshot> others = new ArrayList<>();
+      Snapshot newest = own(base, others);
       Map<String, String> found = newest == null ? Map.of() : newest.summary();
       Long marked = number(found, epochKey);
       if (epoch >= 0 && marked != null && marked > epoch) {
-        return "deposed " + marked + " " + location;
+        return "deposed " + marked;
+      }
+      String refused = othersChange(base, newest, others);
+      if (refused != null) {
+        return "others " + refused + " " + (newest == null ? "-" : newest.snapshotId());
       }
       Long offset = number(found, offsetKey);
       if (offset != null && end <= offset) {
-        return "skip " + offset + " " + location;
+        return "skip " + offset;
       }
       if (offset != null && first <= offset) {
-        return "overlap " + offset + " " + location;
+        return "overlap " + offset;
       }
       Transaction tx = Transactions.newTransaction(name, ops);
       Ops.WRITTEN.remove();
@@ -148,6 +159,45 @@ public final class IcebergStreamCommits {
     } finally {
       SyncedFileIO.Fence.clear();
     }
+  }
+
+  /**
+   * Tidemark's newest snapshot of {@code metadata} (null if none is left), walking back over
+   * other writers' snapshots, which go into {@code others}, newest first.
+   */
+  static Snapshot own(TableMetadata metadata, List<Snapshot> others) {
+    Snapshot snap = metadata.currentSnapshot();
+    while (snap != null && !isOwn(snap)) {
+      others.add(snap);
+      snap = snap.parentId() == null ? null : metadata.snapshot(snap.parentId());
+    }
+    return snap;
+  }
+
+  private static boolean isOwn(Snapshot snap) {
+    return snap.summary().keySet().stream().anyMatch(k -> k.startsWith("tidemark"));
+  }
+
+  /**
+   * snapshots.others_change: {@code "<what> <snapshot id>"} when other writers changed the table
+   * beyond appends since {@code own} (an operation other than append, the oldest first; {@code
+   * history}: no snapshot of tidemark's is left; {@code schema}: the schema is not the one
+   * {@code own} was written with), else null.
+   */
+  static String othersChange(TableMetadata metadata, Snapshot own, List<Snapshot> others) {
+    for (int k = others.size() - 1; k >= 0; k--) {
+      Snapshot s = others.get(k);
+      if (!"append".equals(s.operation())) {
+        return s.operation() + " " + s.snapshotId();
+      }
+    }
+    if (!others.isEmpty() && own == null) {
+      return "history " + others.get(others.size() - 1).snapshotId();
+    }
+    if (own != null && own.schemaId() != null && own.schemaId() != metadata.currentSchemaId()) {
+      return "schema " + own.snapshotId();
+    }
+    return null;
   }
 
   private static List<String> strings(JsonNode array) {

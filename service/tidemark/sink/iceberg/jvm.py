@@ -65,11 +65,12 @@ class JavaCommits:
         offset_key: str,
         carried: Sequence[str],
         extra: Mapping[str, str],
-    ) -> tuple[str, int]:
-        """One stream commit: its outcome, ``deposed`` (the table's mark), ``skip`` or
-        ``overlap`` (the committed offset), ``done`` (the sequence number) or ``lost``
-        (attempts). ``Deposed`` when a newer leader took over meanwhile; ``SinkError`` for
-        any other failure."""
+    ) -> tuple[str, str]:
+        """One stream commit: its outcome and what goes with it, ``deposed`` (the table's
+        mark), ``others`` (``snapshots.others_change``'s answer and tidemark's newest
+        snapshot or ``-``, space-separated), ``skip`` or ``overlap`` (the committed
+        offset), ``done`` (the sequence number) or ``lost`` (attempts). ``Deposed`` when a
+        newer leader took over meanwhile; ``SinkError`` for any other failure."""
         fence = fencing.current()
         mark = dict(fence.commit_info())
         leader = ""
@@ -105,9 +106,10 @@ class JavaCommits:
                 raise SinkError(
                     f"the Iceberg commit of {name} failed in Spark's driver: {_java_message(exc)}"
                 ) from exc
-            kind, number, written = outcome.split(" ", 2)
+            kind, rest = outcome.split(" ", 1)
             if kind != "swap":
-                return kind, int(number)
+                return kind, rest
+            number, written = rest.split(" ", 1)
             try:
                 fence.check()  # (before the pointer moves, as before pyiceberg's swap)
                 moved = self._swap(ident, pointer, written)
@@ -127,10 +129,10 @@ class JavaCommits:
                 self._forget(name)
             if moved:
                 self._pointers[name] = written
-                return "done", int(number)
+                return "done", number
             self._pointers.pop(name, None)  # (moved on: read again, checked again)
             log.warning("commit.conflict", table=name, error="the catalog's pointer moved")
-        return "lost", COMMIT_ATTEMPTS
+        return "lost", str(COMMIT_ATTEMPTS)
 
     def _pointer(self, ident: tuple[str, str]) -> str:
         from sqlalchemy import text

@@ -18,6 +18,14 @@ writer's or a newer leader's mark, makes it fail with ``CommitFailedException``,
 the caller reads the table again and checks again. pyiceberg's own retry (which
 would rebase the commit on the newer snapshot without our checks) is off on every
 table tidemark creates (``commit.retry.num-retries = 0``).
+
+Other writers: a snapshot whose summary has no key of tidemark's (every key above
+starts with ``tidemark``) is another writer's. The table's state is that of
+tidemark's newest snapshot, read past others' snapshots after it. tidemark builds on
+others' appends (their rows stay in the changelog), and refuses anything else
+(``others_change``): an overwrite, a delete, a replace, a schema changed, a history
+rolled back past tidemark's snapshots; the shape is in error until the table is
+rolled back or the shape resynced (a backfill builds on anything).
 """
 
 from __future__ import annotations
@@ -54,11 +62,90 @@ TABLE_PROPERTIES: Final = {
 
 
 def summary(table: Table, snapshot_id: int | None = None) -> dict[str, str]:
-    """The summary of the table's newest snapshot (or of ``snapshot_id``)."""
-    snap = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
+    """The table's state: the summary of tidemark's newest snapshot (``own``), or of
+    ``snapshot_id``."""
+    snap = own(table)[0] if snapshot_id is None else table.snapshot_by_id(snapshot_id)
+    return _properties(snap)
+
+
+def _properties(snap: Any) -> dict[str, str]:
     if snap is None or snap.summary is None:
         return {}
     return {str(k): str(v) for k, v in snap.summary.additional_properties.items()}
+
+
+def is_own(found: Mapping[str, str]) -> bool:
+    """A snapshot summary tidemark wrote: every key it writes starts with ``tidemark``."""
+    return any(k.startswith("tidemark") for k in found)
+
+
+def own(table: Table) -> tuple[Any, list[Any]]:
+    """Tidemark's newest snapshot in the table's history (None if none is left), and
+    the other writers' snapshots after it, oldest first."""
+    snap = table.current_snapshot()
+    others = []
+    while snap is not None and not is_own(_properties(snap)):
+        others.append(snap)
+        parent = snap.parent_snapshot_id
+        snap = None if parent is None else table.snapshot_by_id(parent)
+    return snap, others[::-1]
+
+
+def others_change(
+    others: Sequence[tuple[int, str]], own_id: int | None, schema_moved: bool
+) -> tuple[str, int] | None:
+    """What other writers did since tidemark's newest snapshot ``own_id`` (None: none is
+    left) that tidemark may not build on, as (what, snapshot id), or None. ``others``:
+    their snapshots after it, (id, operation) oldest first; ``schema_moved``: the table's
+    schema is not the one that snapshot was written with. Appends alone are fine."""
+    for snapshot_id, operation in others:
+        if operation != "append":
+            return operation, snapshot_id
+    if others and own_id is None:
+        return "history", others[0][0]
+    if schema_moved:
+        return "schema", -1 if own_id is None else own_id
+    return None
+
+
+def others_refusal(shape: str, name: str, what: str, snapshot_id: int, own_id: int | None) -> str:
+    """The error of a commit refused by ``others_change``'s answer, saying what to do."""
+    if what == "history":
+        why = "no snapshot of tidemark's is left in its history"
+    elif what == "schema":
+        why = "its schema was changed"
+    else:
+        why = f"snapshot {snapshot_id} is another writer's '{what}'"
+    back = (
+        f"roll the table back to tidemark's snapshot {own_id} (e.g. Spark's CALL "
+        f"<catalog>.system.rollback_to_snapshot('{name}', {own_id})), or "
+        if own_id is not None and what not in ("history", "schema")
+        else ""
+    )
+    return (
+        f"shape '{shape}': another writer changed the Iceberg table {name} ({why}); tidemark "
+        "builds a changelog only on its own commits and other writers' appends. To go on, "
+        f"{back}rebuild the shape's rows with `tidemark shapes resync {shape}`"
+    )
+
+
+def check_others(table: Table, shape: str, name: str) -> None:
+    """Refuse (``SinkError``) a commit on a table others changed beyond appends."""
+    mine, others = own(table)
+    own_id = None if mine is None else mine.snapshot_id
+    moved = (
+        mine is not None
+        and mine.schema_id is not None
+        and mine.schema_id != table.metadata.current_schema_id
+    )
+    found = others_change([(s.snapshot_id, _operation(s)) for s in others], own_id, moved)
+    if found is not None:
+        raise SinkError(others_refusal(shape, name, *found, own_id))
+
+
+def _operation(snap: Any) -> str:
+    operation = None if snap.summary is None else snap.summary.operation
+    return str(getattr(operation, "value", operation) or "")
 
 
 def carried(found: Mapping[str, str]) -> dict[str, str]:
@@ -130,11 +217,15 @@ def commit(
     from pyiceberg.io.pyarrow import parquet_file_to_data_file
     from pyiceberg.table.update import (
         AddSchemaUpdate,
+        AssertCurrentSchemaId,
         RemoveSnapshotsUpdate,
         SetCurrentSchemaUpdate,
     )
 
     tx = new_transaction(table)
+    # (a schema another writer changed meanwhile fails the commit too: no snapshot shows it)
+    schema_id = table.metadata.current_schema_id
+    tx._apply((), (AssertCurrentSchemaId.model_validate({"current-schema-id": schema_id}),))
     if schema is not None:
         tx._apply(
             (

@@ -429,9 +429,11 @@ class IcebergChangelog(TableFolder):
     ) -> Path | None:
         return None  # (the catalog's commit writes the metadata)
 
-    def _commit_loop(self, build: Any) -> Table:
+    def _commit_loop(self, build: Any, *, over_others: bool = False) -> Table:
         """``build(table, summary)`` commits on the table as loaded; on a lost race the
-        table is read again and ``build`` runs again (its checks with it)."""
+        table is read again and ``build`` runs again (its checks with it). Refused when
+        another writer changed the table beyond appends (``snapshots.check_others``),
+        unless ``over_others`` (a backfill, which replaces every row)."""
         from pyiceberg.exceptions import CommitFailedException
 
         with self._lock:
@@ -439,6 +441,8 @@ class IcebergChangelog(TableFolder):
                 table = self.table()
                 found = snapshots.summary(table)
                 snapshots.check_fence(found, self._where)
+                if not over_others:
+                    snapshots.check_others(table, self.shape, self.name)
                 try:
                     done: Table = build(table, found)
                 except CommitFailedException as exc:
@@ -524,9 +528,20 @@ class IcebergChangelog(TableFolder):
         )
         self._table = None  # (this object's pyiceberg table is older now)
         if kind == "deposed":
-            fencing.current().check_table(number, self._where)
+            fencing.current().check_table(int(number), self._where)
+        if kind == "others":  # (what, the snapshot, tidemark's newest: snapshots.own)
+            what, snapshot_id, own_id = str(number).split(" ")
+            raise SinkError(
+                snapshots.others_refusal(
+                    self.shape,
+                    self.name,
+                    what,
+                    int(snapshot_id),
+                    None if own_id == "-" else int(own_id),
+                )
+            )
         if kind in ("skip", "overlap"):
-            holds(self.shape, number, first, end_lsn)  # (logs the replay; refuses an overlap)
+            holds(self.shape, int(number), first, end_lsn)  # (logs the replay; refuses overlaps)
             return None
         if kind == "lost":
             raise SinkError(
@@ -535,7 +550,7 @@ class IcebergChangelog(TableFolder):
             )
         if kind != "done":
             raise SinkError(f"shape '{self.shape}': the Iceberg commit answered {kind!r}")
-        return number
+        return int(number)
 
     def _forget_in_jvm(self) -> None:
         """After a commit through pyiceberg: the JVM's committer loads the table again."""
@@ -587,7 +602,7 @@ class IcebergChangelog(TableFolder):
                 },
             )
 
-        table = self._commit_loop(build)
+        table = self._commit_loop(build, over_others=True)
         snap = table.current_snapshot()
         return 0 if snap is None else int(snap.sequence_number or 0)
 
@@ -669,24 +684,27 @@ class IcebergChangelog(TableFolder):
                         os.utime(self.path / f.path, (now, now))
                     except FileNotFoundError:
                         continue
-            self._commit_loop(lambda t, found: expire(t, retention_hours))
+            self._commit_loop(lambda t, found: expire(t, retention_hours), over_others=True)
             kept = {f.path for f in keep}
             return remove_unreferenced(self.table(), self.path, retention_hours, kept)
 
 
 def expire(table: Table, retention_hours: float) -> Table:
-    """Remove the snapshots older than ``retention_hours`` but the newest, in a commit
-    built on the newest (``CommitFailedException`` if another landed)."""
+    """Remove the snapshots older than ``retention_hours`` but the newest and tidemark's
+    newest (which carries the table's state), in a commit built on the newest
+    (``CommitFailedException`` if another landed)."""
     from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
 
     current = table.current_snapshot()
     if current is None:
         return table
+    mine = snapshots.own(table)[0]
+    kept = {current.snapshot_id, None if mine is None else mine.snapshot_id}
     cutoff = (time.time() - retention_hours * 3600) * 1000
     old = [
         s.snapshot_id
         for s in table.snapshots()
-        if s.timestamp_ms < cutoff and s.snapshot_id != current.snapshot_id
+        if s.timestamp_ms < cutoff and s.snapshot_id not in kept
     ]
     if not old:
         return table
