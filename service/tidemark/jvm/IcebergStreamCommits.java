@@ -42,6 +42,8 @@ import org.apache.iceberg.mapping.NameMapping;
 import org.apache.iceberg.mapping.NameMappingParser;
 import org.apache.iceberg.parquet.ParquetUtil;
 import org.apache.iceberg.util.JsonUtil;
+import org.apache.logging.log4j.Level;
+import org.apache.logging.log4j.core.config.Configurator;
 import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.parquet.ParquetReadOptions;
 import org.apache.parquet.conf.PlainParquetConfiguration;
@@ -75,6 +77,11 @@ public final class IcebergStreamCommits {
   public IcebergStreamCommits(Map<String, String> properties, Configuration conf) {
     io.setConf(conf);
     io.initialize(properties);
+    // after each commit Iceberg's transaction looks for the new snapshot in the table's
+    // current metadata, to remove files its retries left; here that metadata moves only when
+    // Python has swapped the pointer (and a commit here is never retried), so it found none
+    // and logged a warning at every commit
+    Configurator.setLevel("org.apache.iceberg.BaseTransaction", Level.ERROR);
   }
 
   /**
