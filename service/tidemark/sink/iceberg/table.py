@@ -690,16 +690,16 @@ class IcebergChangelog(TableFolder):
 
 
 def expire(table: Table, retention_hours: float) -> Table:
-    """Remove the snapshots older than ``retention_hours`` but the newest and tidemark's
-    newest (which carries the table's state), in a commit built on the newest
-    (``CommitFailedException`` if another landed)."""
+    """Remove the snapshots older than ``retention_hours`` but the newest, tidemark's
+    newest (which carries the table's state) and others' after it (the way back to it),
+    in a commit built on the newest (``CommitFailedException`` if another landed)."""
     from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
 
     current = table.current_snapshot()
     if current is None:
         return table
-    mine = snapshots.own(table)[0]
-    kept = {current.snapshot_id, None if mine is None else mine.snapshot_id}
+    mine, others = snapshots.own(table)
+    kept = {current.snapshot_id, *(s.snapshot_id for s in [mine, *others] if s is not None)}
     cutoff = (time.time() - retention_hours * 3600) * 1000
     old = [
         s.snapshot_id
