@@ -454,9 +454,12 @@ class IcebergChangelog(TableFolder):
                 self._table = done
                 self._forget_in_jvm()
                 return done
-        raise SinkError(
-            f"shape '{self.shape}': {snapshots.COMMIT_ATTEMPTS} commits in a row lost a race "
-            "with another writer of this table"
+        raise self._lost(snapshots.COMMIT_ATTEMPTS)
+
+    def _lost(self, attempts: int | str) -> SinkError:
+        return SinkError(
+            f"shape '{self.shape}': {attempts} commits in a row lost a race with another "
+            "writer of this table"
         )
 
     def commit(
@@ -544,10 +547,7 @@ class IcebergChangelog(TableFolder):
             holds(self.shape, int(number), first, end_lsn)  # (logs the replay; refuses overlaps)
             return None
         if kind == "lost":
-            raise SinkError(
-                f"shape '{self.shape}': {number} commits in a row lost a race "
-                "with another writer of this table"
-            )
+            raise self._lost(number)
         if kind != "done":
             raise SinkError(f"shape '{self.shape}': the Iceberg commit answered {kind!r}")
         return int(number)
