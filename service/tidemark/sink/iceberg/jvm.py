@@ -11,8 +11,9 @@ The Java commit is pyiceberg's commit (``IcebergChangelog.commit``) made elsewhe
 same checks on the same snapshot (the leader's epoch mark, what other writers did since
 tidemark's newest snapshot, the replay check on the committed offset), the same summary
 (the carried state, the batch's range and offset, this leader's mark), one snapshot
-appending the files, built on exactly the metadata checked; the same cap on snapshots. Its metadata files are fenced and synced before the
-catalog's pointer moves (``SyncedFileIO.java``, as ``iceberg.io`` does for pyiceberg).
+appending the files, built on exactly the metadata checked; the same cap on snapshots.
+Its metadata files are fenced and synced before the catalog's pointer moves
+(``SyncedFileIO.java``, as ``iceberg.io`` does for pyiceberg).
 The pointer itself stays Python's: the same compare-and-swap pyiceberg's SQL catalog
 makes (``UPDATE ... WHERE metadata_location = <the one checked>``), on the catalog's own
 connections, so SQLite's locks are taken by one library and its commit is synced as
