@@ -166,6 +166,104 @@ def test_stream_commits_in_sparks_driver_are_pyicebergs_commits(
     forget_catalogs()
 
 
+def test_tables_made_and_backfilled_in_sparks_driver_are_pyicebergs(
+    tmp_path: Path, spark: Any, epoch_one: fencing.Fence
+) -> None:
+    """A new table and a backfill that removes no file (most of a start with many
+    shapes) made by Iceberg's Java library are what pyiceberg makes: the same schema
+    (field ids, a list's element too), properties, name mapping and born-marked first
+    snapshot; the backfill's snapshot the next generation, the stream's offset carried,
+    the retained mark of the generation before dropped. A deposed leader's backfill is
+    refused, and a table name taken meanwhile is not taken over."""
+    root = str(tmp_path)
+    made: dict[str, Any] = {}
+    for engine in ("pyiceberg", "java"):
+        tables = IcebergFormat()
+        if engine == "java":
+            tables.use_engine(spark)
+        table = tables.changelog(root, f"{SHAPE}_{engine}")
+        assert table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+        born = table.refresh()
+        assert born.current_snapshot() is not None
+        first = born.current_snapshot().summary.additional_properties  # type: ignore[union-attr]
+        table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1)
+        active = table.active_files_with_sizes()
+        table.retention_commit(active, _batch_files(table, 1, BATCH), 5)
+        assert table.retained_lsn(0) == 5
+        assert (
+            table.backfill_commit([], _batch_files(table, 1, BATCH), {"tidemark.rowsTotal": 9}) > 0
+        )
+        after = table.refresh()
+        made[engine] = (table, born, first, snapshots.summary(after), after)
+    (py, py_born, py_first, py_summary, _), (jv, jv_born, jv_first, jv_summary, jv_after) = (
+        made["pyiceberg"],
+        made["java"],
+    )
+    assert jv_born.schema() == py_born.schema()
+    assert jv_born.schema().name_mapping == py_born.schema().name_mapping
+    assert json.loads(jv_born.properties["schema.name-mapping.default"]) == json.loads(
+        py_born.properties["schema.name-mapping.default"]
+    )
+    # (each names its own shape; the mapping is the same JSON, laid out by each library)
+    differ = {"tidemark.shape", "schema.name-mapping.default"}
+    own = {k: v for k, v in py_born.properties.items() if k not in differ}
+    assert {k: jv_born.properties.get(k) for k in own} == own
+    assert jv_born.metadata.format_version == py_born.metadata.format_version == 2
+    assert jv_born.spec().is_unpartitioned()
+    assert jv_born.location().startswith("file:") and jv_born.location().endswith(
+        f"/tables/{SHAPE}_java"
+    )
+    assert {k: v for k, v in jv_first.items() if k.startswith("tidemark")} == {
+        k: v for k, v in py_first.items() if k.startswith("tidemark")
+    }
+    assert jv_first[snapshots.GENERATION] == "0" and jv_first[fencing.EPOCH_APP] == "1"
+    assert jv_summary["iceberg-version"].startswith("Apache Iceberg")  # (made by the JVM)
+
+    def state(summary: dict[str, str], table: Any) -> dict[str, str]:
+        return {
+            k.replace(table.app_id, "<app>"): v
+            for k, v in summary.items()
+            if k.startswith("tidemark")
+        }
+
+    assert state(jv_summary, jv) == state(py_summary, py)
+    assert jv_summary[snapshots.GENERATION] == "1"
+    assert jv_summary["tidemark.operation"] == "backfill"
+    assert jv_summary["tidemark.rowsTotal"] == "9"
+    assert jv_summary[snapshots.OFFSET + jv.app_id] == str(BATCH)
+    assert not any(k.startswith(snapshots.RETAINED) for k in jv_summary)
+    assert jv.generation() == 1 and jv.committed_lsn() == BATCH
+    assert sorted(r["_lsn"] for r in rows_of(jv)) == sorted([*range(1, BATCH + 1)] * 2)
+    # a newer leader marks the table: the old leader's backfill is refused
+    assert fencing.advance(root, "test") == 2
+    fencing.install(fencing.Fence(root, 2))
+    tables = IcebergFormat()
+    tables.use_engine(spark)
+    assert tables.mark(root, 2, [f"{SHAPE}_java"], fencing.EPOCH_APP) == 1
+    (tmp_path / "_tidemark" / "leader.json").write_text('{"epoch": 1}')  # (a paused check)
+    fencing.install(fencing.Fence(root, 1))
+    with pytest.raises(fencing.Deposed, match="marked by a newer leader"):
+        jv.backfill_commit([], _batch_files(jv, 1, BATCH))
+    assert len(jv.refresh().snapshots()) == len(jv_after.snapshots()) + 1  # (the mark)
+    # a name another creator took between the check and the insert: not taken over
+    (tmp_path / "_tidemark" / "leader.json").write_text('{"epoch": 2}')
+    fencing.install(fencing.Fence(root, 2))
+    java = jv.java() if jv.java is not None else None
+    assert java is not None
+    metadata = tmp_path / "tables" / f"{SHAPE}_java" / "metadata"
+    files = set(metadata.iterdir())
+    assert not java.create(
+        jv.ident,
+        jv_born.location(),
+        jv_born.schema().model_dump_json(),
+        {"format-version": "2"},
+        {"tidemark.generation": "0"},
+    )
+    assert set(metadata.iterdir()) == files  # (its metadata file removed)
+    assert tables.changelog(root, f"{SHAPE}_java").committed_lsn() == BATCH
+    forget_catalogs()
+
+
 def test_two_handles_racing_one_batch_in_the_driver_commit_it_once(
     tmp_path: Path, spark: Any
 ) -> None:

@@ -16,6 +16,10 @@ import java.util.regex.Pattern;
 import java.util.stream.Stream;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.iceberg.AppendFiles;
+import org.apache.iceberg.mapping.MappingUtil;
+import org.apache.iceberg.SortOrder;
+import org.apache.iceberg.SchemaParser;
+import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.CatalogUtil;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
@@ -25,6 +29,7 @@ import org.apache.iceberg.Metrics;
 import org.apache.iceberg.MetricsConfig;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.LocationProviders;
+import org.apache.iceberg.ManifestFile;
 import org.apache.iceberg.ManifestFiles;
 import org.apache.iceberg.ManifestWriter;
 import org.apache.iceberg.Table;
@@ -90,7 +95,11 @@ public final class IcebergStreamCommits {
    * location}, in one snapshot whose summary is the carried keys of the newest snapshot (those
    * starting with one of {@code carried}), then {@code extra}, then {@code mark}; write its
    * files. {@code request} is a JSON object with those four: {@code paths} and {@code carried}
-   * lists of strings, {@code extra} and {@code mark} objects of strings.
+   * lists of strings, {@code extra} and {@code mark} objects of strings; and for a backfill's
+   * commit {@code backfill}, the generation's key: the commit is made whatever other writers or
+   * the stream committed (no {@code others}, {@code skip} or {@code overlap}), and its summary's
+   * generation is one past the newest snapshot's (tidemark.sink.iceberg.table's
+   * backfill_commit when it removes no file).
    *
    * <p>The table's state is the summary of tidemark's newest snapshot, read past other writers'
    * snapshots after it (a snapshot is tidemark's when a key of its summary starts with {@code
@@ -125,6 +134,9 @@ public final class IcebergStreamCommits {
       List<String> carriedPrefixes = strings(asked.get("carried"));
       Map<String, String> extra = JsonUtil.getStringMap("extra", asked);
       Map<String, String> mark = JsonUtil.getStringMap("mark", asked);
+      // a backfill's commit: built on whatever the table holds (it replaces every row), its
+      // generation one past the newest snapshot's
+      String generationKey = asked.hasNonNull("backfill") ? asked.get("backfill").asText() : null;
       Ops ops = tables.get(name);
       if (ops == null || !location.equals(ops.current.metadataFileLocation())) {
         ops = new Ops(io, TableMetadataParser.read(io, location));
@@ -138,16 +150,22 @@ public final class IcebergStreamCommits {
       if (epoch >= 0 && marked != null && marked > epoch) {
         return "deposed " + marked;
       }
-      String refused = othersChange(base, newest, others);
-      if (refused != null) {
-        return "others " + refused + " " + (newest == null ? "-" : newest.snapshotId());
-      }
-      Long offset = number(found, offsetKey);
-      if (offset != null && end <= offset) {
-        return "skip " + offset;
-      }
-      if (offset != null && first <= offset) {
-        return "overlap " + offset;
+      if (generationKey != null) {
+        Long generation = number(found, generationKey);
+        extra = new LinkedHashMap<>(extra);
+        extra.put(generationKey, String.valueOf(generation == null ? 1 : generation + 1));
+      } else {
+        String refused = othersChange(base, newest, others);
+        if (refused != null) {
+          return "others " + refused + " " + (newest == null ? "-" : newest.snapshotId());
+        }
+        Long offset = number(found, offsetKey);
+        if (offset != null && end <= offset) {
+          return "skip " + offset;
+        }
+        if (offset != null && first <= offset) {
+          return "overlap " + offset;
+        }
       }
       Transaction tx = Transactions.newTransaction(name, ops);
       Ops.WRITTEN.remove();
@@ -158,6 +176,66 @@ public final class IcebergStreamCommits {
         throw new IllegalStateException("the commit of " + name + " wrote no table metadata");
       }
       return "swap " + pending.currentSnapshot().sequenceNumber() + " " + pending.metadataFileLocation();
+    } catch (IOException unreadable) {
+      throw new UncheckedIOException(unreadable);
+    } catch (RuntimeException failed) {
+      tables.remove(name);
+      throw failed;
+    } finally {
+      SyncedFileIO.Fence.clear();
+    }
+  }
+
+  /**
+   * Write the first metadata of a new table {@code name} at {@code location}: the schema
+   * {@code schemaJson} (Iceberg's JSON), no partitions, the table properties of {@code
+   * request}'s {@code properties} (its {@code format-version} among them) and Iceberg's default
+   * name mapping of the schema, and one empty snapshot whose summary is {@code request}'s {@code
+   * summary} (born marked, as tidemark.sink.iceberg.table's create makes it through pyiceberg).
+   * Returns the metadata file's location, for Python to insert into the catalog and report with
+   * {@link #swapped} (not inserted: the file is removed).
+   */
+  public String create(
+      String name,
+      String location,
+      String schemaJson,
+      String request,
+      String leaderFile,
+      long epoch,
+      boolean sync) {
+    SyncedFileIO.Fence.set(leaderFile, epoch, sync);
+    try {
+      JsonNode asked = JsonUtil.mapper().readTree(request);
+      Map<String, String> properties = JsonUtil.getStringMap("properties", asked);
+      Map<String, String> summary = JsonUtil.getStringMap("summary", asked);
+      TableMetadata fresh =
+          TableMetadata.newTableMetadata(
+              SchemaParser.fromJson(schemaJson),
+              PartitionSpec.unpartitioned(),
+              SortOrder.unsorted(),
+              location,
+              properties);
+      TableMetadata metadata =
+          TableMetadata.buildFrom(fresh)
+              .setProperties(
+                  Map.of(
+                      TableProperties.DEFAULT_NAME_MAPPING,
+                      NameMappingParser.toJson(MappingUtil.create(fresh.schema()))))
+              .build();
+      Ops ops = new Ops(io, null);
+      ops.creating = metadata;
+      Transaction tx = Transactions.createTableTransaction(name, ops, metadata);
+      AppendFiles born = tx.newFastAppend();
+      summary.forEach(born::set);
+      born.commit();
+      Ops.WRITTEN.remove();
+      tx.commitTransaction();
+      String written = Ops.WRITTEN.get();
+      if (written == null || !ops.pending.containsKey(written)) {
+        throw new IllegalStateException("the creation of " + name + " wrote no table metadata");
+      }
+      tables.put(name, ops);
+      return written;
     } catch (IOException unreadable) {
       throw new UncheckedIOException(unreadable);
     } catch (RuntimeException failed) {
@@ -228,15 +306,39 @@ public final class IcebergStreamCommits {
       if (ok && pending != null) {
         TableMetadata base = ops.current;
         ops.current = pending;
-        CatalogUtil.deleteRemovedMetadataFiles(io, base, pending);
+        ops.creating = null;
+        if (base != null) {
+          CatalogUtil.deleteRemovedMetadataFiles(io, base, pending);
+        }
       } else if (!ok) {
         tables.remove(name);
         io.deleteFile(written);
+        if (pending != null) {
+          removeUnswapped(ops.current, pending);
+        }
       } else {
         tables.remove(name); // (read again at the next commit)
       }
     } finally {
       SyncedFileIO.Fence.clear();
+    }
+  }
+
+  /**
+   * The files of the snapshots {@code pending} added to {@code base} (null: a new table's): their
+   * manifest lists and the manifests they wrote, when the catalog never named {@code pending}.
+   */
+  private void removeUnswapped(TableMetadata base, TableMetadata pending) {
+    for (Snapshot snap : pending.snapshots()) {
+      if (base != null && base.snapshot(snap.snapshotId()) != null) {
+        continue;
+      }
+      for (ManifestFile manifest : snap.allManifests(io)) {
+        if (manifest.snapshotId() != null && manifest.snapshotId() == snap.snapshotId()) {
+          io.deleteFile(manifest.path());
+        }
+      }
+      io.deleteFile(snap.manifestListLocation());
     }
   }
 
@@ -390,6 +492,8 @@ public final class IcebergStreamCommits {
     static final ThreadLocal<String> WRITTEN = new ThreadLocal<>();
     private final FileIO io;
     volatile TableMetadata current;
+    // a new table's metadata while it is created (current is null until Python inserted it)
+    volatile TableMetadata creating;
     // written, not yet swapped in by Python, by location
     final Map<String, TableMetadata> pending = new ConcurrentHashMap<>();
 
@@ -416,7 +520,7 @@ public final class IcebergStreamCommits {
       String file =
           String.format(
               "%05d-%s%s",
-              version(base.metadataFileLocation()) + 1,
+              base == null ? 0 : version(base.metadataFileLocation()) + 1,
               UUID.randomUUID(),
               TableMetadataParser.getFileExtension(
                   metadata.property(
@@ -450,12 +554,13 @@ public final class IcebergStreamCommits {
 
     @Override
     public String metadataFileLocation(String fileName) {
-      return metadataFileLocation(current, fileName);
+      return metadataFileLocation(current != null ? current : creating, fileName);
     }
 
     @Override
     public LocationProvider locationProvider() {
-      return LocationProviders.locationsFor(current.location(), current.properties());
+      TableMetadata metadata = current != null ? current : creating;
+      return LocationProviders.locationsFor(metadata.location(), metadata.properties());
     }
   }
 }

@@ -39,6 +39,7 @@ from typing import Any, Final
 import structlog
 
 from tidemark.errors import SinkError, TidemarkError
+from tidemark.sink.iceberg.rows import pointer
 from tidemark.state import durable, fencing, objectstore
 
 log = structlog.get_logger("tidemark.sink.iceberg")
@@ -66,12 +67,18 @@ class JavaCommits:
         offset_key: str,
         carried: Sequence[str],
         extra: Mapping[str, str],
+        *,
+        backfill: str | None = None,
     ) -> tuple[str, str]:
         """One stream commit: its outcome and what goes with it, ``deposed`` (the table's
         mark), ``others`` (``snapshots.others_change``'s answer and tidemark's newest
         snapshot or ``-``, space-separated), ``skip`` or ``overlap`` (the committed
         offset), ``done`` (the sequence number) or ``lost`` (attempts). ``Deposed`` when a
-        newer leader took over meanwhile; ``SinkError`` for any other failure."""
+        newer leader took over meanwhile; ``SinkError`` for any other failure.
+
+        With ``backfill`` (the generation's key) a backfill's commit that removes no file:
+        built on whatever the table holds, its generation one past the newest snapshot's
+        (never ``others``, ``skip`` or ``overlap``)."""
         fence = fencing.current()
         mark = dict(fence.commit_info())
         leader = ""
@@ -81,9 +88,15 @@ class JavaCommits:
                 leader = str(fencing.leader_path(fence.root, fence.instance))
         epoch = -1 if fence.epoch is None else fence.epoch
         name = ".".join(ident)
-        request = json.dumps(
-            {"paths": list(paths), "carried": list(carried), "extra": dict(extra), "mark": mark}
-        )
+        asked: dict[str, Any] = {
+            "paths": list(paths),
+            "carried": list(carried),
+            "extra": dict(extra),
+            "mark": mark,
+        }
+        if backfill is not None:
+            asked["backfill"] = backfill
+        request = json.dumps(asked)
         for _ in range(COMMIT_ATTEMPTS):
             pointer = self._pointers.get(name) or self._pointer(ident)
             try:
@@ -135,20 +148,57 @@ class JavaCommits:
             log.warning("commit.conflict", table=name, error="the catalog's pointer moved")
         return "lost", str(COMMIT_ATTEMPTS)
 
-    def _pointer(self, ident: tuple[str, str]) -> str:
-        from sqlalchemy import text
+    def create(
+        self,
+        ident: tuple[str, str],
+        location: str,
+        schema: str,
+        properties: Mapping[str, str],
+        summary: Mapping[str, str],
+    ) -> bool:
+        """A new table: its first metadata (the schema ``schema``, Iceberg's JSON; one empty
+        snapshot of summary ``summary``) written in the JVM, then inserted into the catalog
+        as pyiceberg's SQL catalog inserts a new table. False when a table of that name was
+        there (its file removed); ``SinkError`` for any other failure."""
+        fence = fencing.current()
+        leader = ""
+        if fence.epoch is not None and isinstance(fence.root, Path):
+            leader = str(fencing.leader_path(fence.root, fence.instance))
+        epoch = -1 if fence.epoch is None else fence.epoch
+        name = ".".join(ident)
+        request = json.dumps({"properties": dict(properties), "summary": dict(summary)})
+        try:
+            written = str(
+                self._java.create(name, location, schema, request, leader, epoch, durable.syncing())
+            )
+        except Exception as exc:
+            fence.check()  # (a newer leader: Deposed, as the fenced file IO found)
+            raise SinkError(
+                f"the Iceberg table {name} could not be created in Spark's driver: "
+                f"{_java_message(exc)}"
+            ) from exc
+        try:
+            fence.check()  # (before the catalog names the table)
+            made = self._swaps.create(ident, written)
+        except Exception as exc:
+            self._forget(name)
+            if isinstance(exc, TidemarkError):
+                raise
+            raise SinkError(f"the Iceberg catalog could not add the table {name}: {exc}") from exc
+        try:
+            self._java.swapped(name, written, made, leader, epoch)
+        except Exception as exc:
+            log.warning("iceberg.java_swapped_failed", table=name, error=_java_message(exc))
+            self._forget(name)
+        if made:
+            self._pointers[name] = written
+        return made
 
-        with self._catalog.engine.connect() as conn:
-            found = conn.execute(
-                text(
-                    "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :c "
-                    "AND table_namespace = :ns AND table_name = :t"
-                ),
-                {"c": self._catalog.name, "ns": ident[0], "t": ident[1]},
-            ).scalar()
+    def _pointer(self, ident: tuple[str, str]) -> str:
+        found = pointer(self._catalog, ident)
         if found is None:
             raise SinkError(f"the Iceberg catalog has no table {'.'.join(ident)}")
-        return str(found)
+        return found
 
     def _swap(self, ident: tuple[str, str], old: str, new: str) -> bool:
         """The catalog's pointer from ``old`` to ``new``, if it is still at ``old``."""
@@ -178,7 +228,12 @@ class GroupedSwaps:
         self._queue: list[_Swap] = []
         self._running = False
 
-    def swap(self, ident: tuple[str, str], old: str, new: str) -> bool:
+    def create(self, ident: tuple[str, str], new: str) -> bool:
+        """A new table at ``new``: False when one of that name is there already."""
+        return self.swap(ident, None, new)
+
+    def swap(self, ident: tuple[str, str], old: str | None, new: str) -> bool:
+        """The pointer from ``old`` to ``new`` (None: a new table's row)."""
         mine = _Swap(ident, old, new)
         with self._ready:
             self._queue.append(mine)
@@ -214,11 +269,21 @@ class GroupedSwaps:
             "previous_metadata_location = :old WHERE catalog_name = :c "
             "AND table_namespace = :ns AND table_name = :t AND metadata_location = :old"
         )
+        # (a new table's row as pyiceberg's SQL catalog inserts it; a name taken is no error
+        # that would undo the group's other swaps: SQLite and PostgreSQL both skip it)
+        typed = getattr(self._catalog, "_schema_version", None) == "v1"
+        columns = "catalog_name, table_namespace, table_name, metadata_location"
+        values = ":c, :ns, :t, :new"
+        if typed:  # (pyiceberg's v1 catalog schema)
+            columns, values = f"{columns}, iceberg_type", f"{values}, 'TABLE'"
+        insert = text(
+            f"INSERT INTO iceberg_tables ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING"
+        )
         moved = []
         with self._catalog.engine.begin() as conn:
             for item in group:
                 result = conn.execute(
-                    statement,
+                    statement if item.old is not None else insert,
                     {
                         "new": item.new,
                         "old": item.old,
@@ -234,7 +299,7 @@ class GroupedSwaps:
 class _Swap:
     __slots__ = ("error", "ident", "moved", "new", "old", "settled")
 
-    def __init__(self, ident: tuple[str, str], old: str, new: str) -> None:
+    def __init__(self, ident: tuple[str, str], old: str | None, new: str) -> None:
         self.ident, self.old, self.new = ident, old, new
         self.settled = False
         self.moved = False

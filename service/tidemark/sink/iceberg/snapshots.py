@@ -30,6 +30,7 @@ rolled back or the shape resynced (a backfill builds on anything).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -181,6 +182,11 @@ def data_files(table: Table, snapshot_id: int | None = None) -> list[IcebergFile
     snap = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
     if snap is None:
         return []
+    if (
+        snap.summary is not None
+        and snap.summary.additional_properties.get("total-data-files") == "0"
+    ):  # (a new table's: no manifest list to read)
+        return []
     out: list[IcebergFile] = []
     for manifest in snap.manifests(table.io):
         if manifest.content != ManifestContent.DATA:
@@ -326,10 +332,17 @@ def _optional(schema: pa.Schema) -> pa.Schema:
 
 def iceberg_schema(schema: pa.Schema) -> Schema:
     """An Iceberg schema for an Arrow one, with field ids from 1 (a new table's)."""
+    # (pyiceberg's conversion is ~1.5 ms of Python, and every shape of one table asks it
+    # for the same schema: 1000 shapes start with one conversion, not thousands)
+    return _iceberg_schema(schema.serialize().to_pybytes())
+
+
+@functools.lru_cache(maxsize=256)
+def _iceberg_schema(serialized: bytes) -> Schema:
     from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
     from pyiceberg.schema import assign_fresh_schema_ids
 
-    plain = _optional(schema)
+    plain = _optional(pa.ipc.read_schema(pa.py_buffer(serialized)))
     try:
         return assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(plain))
     except Exception as exc:  # (pyiceberg: UnsupportedPyArrowTypeException, ValueError)
@@ -354,4 +367,9 @@ def fresh_schema(schema: pa.Schema, table: Table) -> Schema:
 
 def round_trip(schema: pa.Schema) -> pa.Schema:
     """``schema`` as an Iceberg table would give it back (e.g. int16 as int32)."""
-    return normalized(iceberg_schema(schema).as_arrow())
+    return _round_trip(schema.serialize().to_pybytes())
+
+
+@functools.lru_cache(maxsize=1024)
+def _round_trip(serialized: bytes) -> pa.Schema:
+    return normalized(_iceberg_schema(serialized).as_arrow())

@@ -42,6 +42,7 @@ from tidemark.errors import SinkError, TableDamaged
 from tidemark.sink.files import DataFile
 from tidemark.sink.folder import TableFolder, holds
 from tidemark.sink.iceberg import snapshots
+from tidemark.sink.iceberg.rows import pointer
 from tidemark.sink.iceberg.snapshots import GENERATION, OFFSET, RETAINED
 from tidemark.sink.port import ChangelogFile, ChangelogView, CommitRecord
 from tidemark.sink.schema import LSN, OP, primary_key_of, with_primary_key
@@ -140,7 +141,12 @@ class IcebergChangelog(TableFolder):
             return self._table
 
     def refresh(self) -> Table:
+        """The table as the catalog has it now: read again, unless a SQL catalog's
+        pointer is still at the metadata last read (a metadata file never changes)."""
         with self._lock:
+            cached = self._table
+            if cached is not None and cached.metadata_location == pointer(self.catalog, self.ident):
+                return cached
             self._table = self._load()
             return self._table
 
@@ -184,24 +190,33 @@ class IcebergChangelog(TableFolder):
                 ARROW_PROPERTY: encode_schema(plain),
             }
             iceberg = snapshots.iceberg_schema(plain)
-            properties["schema.name-mapping.default"] = iceberg.name_mapping.model_dump_json()
+            location = (
+                self.path.resolve().as_uri() if isinstance(self.path, Path) else str(self.path)
+            )
+            # born marked: the first snapshot holds the generation and the epoch
+            born = snapshots.marked({}, {GENERATION: "0"})
+            java = self.java() if self.java is not None else None
             try:
-                tx = self.catalog.create_table_transaction(
-                    self.ident,
-                    schema=iceberg,
-                    location=(
-                        self.path.resolve().as_uri()
-                        if isinstance(self.path, Path)
-                        else str(self.path)
-                    ),
-                    properties=properties,
-                )
-                # born marked: the first snapshot holds the generation and the epoch
-                with tx.update_snapshot(
-                    snapshot_properties=snapshots.marked({}, {GENERATION: "0"})
-                ).fast_append():
-                    pass
-                self._table = tx.commit_transaction()
+                if java is not None:  # (Iceberg's Java library: most of a many-shape start)
+                    self._table = None
+                    if not java.create(
+                        self.ident, location, iceberg.model_dump_json(), properties, born
+                    ):
+                        raise SinkError(
+                            f"cannot create the Iceberg table {self.name} of shape "
+                            f"'{self.shape}': another writer created it meanwhile; start "
+                            "again (tidemark takes over a table it created)"
+                        )
+                else:
+                    properties["schema.name-mapping.default"] = (
+                        iceberg.name_mapping.model_dump_json()
+                    )
+                    tx = self.catalog.create_table_transaction(
+                        self.ident, schema=iceberg, location=location, properties=properties
+                    )
+                    with tx.update_snapshot(snapshot_properties=born).fast_append():
+                        pass
+                    self._table = tx.commit_transaction()
             except SinkError:
                 raise
             except Exception as exc:
@@ -568,6 +583,9 @@ class IcebergChangelog(TableFolder):
     ) -> int:
         self.files_sync(files).sync()
         gone = {p for p, _ in remove}
+        java = self.java() if self.java is not None else None
+        if java is not None and replace is None and not gone:
+            return self._backfill_in_jvm(java, files, metadata)
 
         def build(table: Table, found: Mapping[str, str]) -> Table:
             generation = (snapshots.number(found, GENERATION) or 0) + 1
@@ -605,6 +623,40 @@ class IcebergChangelog(TableFolder):
         table = self._commit_loop(build, over_others=True)
         snap = table.current_snapshot()
         return 0 if snap is None else int(snap.sequence_number or 0)
+
+    def _backfill_in_jvm(
+        self,
+        java: JavaCommits,
+        files: Sequence[DataFile],
+        metadata: Mapping[str, Any] | None,
+    ) -> int:
+        """``backfill_commit`` adding ``files`` and removing none (a shape's first backfill,
+        most of a start with many shapes), made by Iceberg's Java library: the same
+        snapshot, built on whatever the table holds."""
+        extra = {
+            "tidemark.operation": "backfill",
+            **{k: str(v) for k, v in (metadata or {}).items()},
+        }
+        with self._lock:
+            fencing.check()
+            kind, number = java.append(
+                self.ident,
+                [f.path for f in files],
+                0,
+                0,
+                "",
+                tuple(c for c in snapshots.CARRIED if c != RETAINED),  # (a new generation's)
+                extra,
+                backfill=GENERATION,
+            )
+            self._table = None  # (this object's pyiceberg table is older now)
+        if kind == "deposed":
+            fencing.current().check_table(int(number), self._where)
+        if kind == "lost":
+            raise self._lost(number)
+        if kind != "done":
+            raise SinkError(f"shape '{self.shape}': the Iceberg backfill answered {kind!r}")
+        return int(number)
 
     def retention_commit(
         self, remove: Sequence[tuple[str, int]], files: Sequence[DataFile], retained_lsn: int
