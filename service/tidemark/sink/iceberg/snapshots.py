@@ -31,7 +31,9 @@ rolled back or the shape resynced (a backfill builds on anything).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
@@ -175,8 +177,13 @@ def check_fence(found: Mapping[str, str], where: str) -> None:
         fence.check_table(number(found, fence.app_id), where)
 
 
-def data_files(table: Table, snapshot_id: int | None = None) -> list[IcebergFile]:
-    """The data files of the newest snapshot (or of ``snapshot_id``)."""
+def data_files(
+    table: Table, snapshot_id: int | None = None, *, cached: bool = True
+) -> list[IcebergFile]:
+    """The data files of the newest snapshot (or of ``snapshot_id``). Manifest lists and
+    manifests never change once written: what was read of them is kept (``_Kept``), so a
+    table read again after a commit reads only the commit's new ones; ``cached=False``
+    reads every one again (a start's check of what survived a power loss)."""
     from pyiceberg.manifest import ManifestContent
 
     snap = table.current_snapshot() if snapshot_id is None else table.snapshot_by_id(snapshot_id)
@@ -187,12 +194,51 @@ def data_files(table: Table, snapshot_id: int | None = None) -> list[IcebergFile
         and snap.summary.additional_properties.get("total-data-files") == "0"
     ):  # (a new table's: no manifest list to read)
         return []
+    if not cached:
+        _LISTS.forget(snap.manifest_list)
     out: list[IcebergFile] = []
-    for manifest in snap.manifests(table.io):
+    for manifest in _LISTS.get(snap.manifest_list, lambda: tuple(snap.manifests(table.io))):
         if manifest.content != ManifestContent.DATA:
             continue
-        out += [e.data_file for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True)]
+        if not cached:
+            _ENTRIES.forget(manifest.manifest_path)
+        out += _ENTRIES.get(
+            manifest.manifest_path,
+            lambda m=manifest: tuple(  # type: ignore[misc]
+                e.data_file for e in m.fetch_manifest_entry(table.io, discard_deleted=True)
+            ),
+        )
     return out
+
+
+class _Kept:
+    """What was read of files that never change, by path: the newest ``size`` kept."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, path: str, read: Callable[[], Any]) -> Any:
+        with self._lock:
+            if path in self._items:
+                self._items.move_to_end(path)
+                return self._items[path]
+        value = read()  # (outside the lock: two threads may read one file, both alike)
+        with self._lock:
+            self._items[path] = value
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return value
+
+    def forget(self, path: str) -> None:
+        with self._lock:
+            self._items.pop(path, None)
+
+
+# (a manifest list per table and its few manifests: 1000 shapes' tables fit)
+_LISTS: Final = _Kept(4096)
+_ENTRIES: Final = _Kept(16384)
 
 
 def relative(table: Table, file_path: str) -> str:

@@ -131,7 +131,9 @@ class IcebergChangelog(TableFolder):
     # -- existence, schema ----------------------------------------------------------
     def exists(self) -> bool:
         with self._lock:
-            return self._table is not None or self.loaded() is not None
+            if self._table is not None or pointer(self.catalog, self.ident) is not None:
+                return True  # (a SQL catalog's row: not read and parsed until needed)
+            return self.loaded() is not None
 
     def table(self) -> Table:
         """The table as last read or committed through this object."""
@@ -241,7 +243,7 @@ class IcebergChangelog(TableFolder):
                 table = self.loaded()
                 if table is None:
                     return False
-                files = snapshots.data_files(table)
+                files = snapshots.data_files(table, cached=False)
             except Exception as exc:
                 raise TableDamaged(self._damaged(f"its metadata cannot be read: {exc}")) from exc
             if KEY_PROPERTY not in table.properties:
