@@ -18,9 +18,12 @@ The pointer itself stays Python's: the same compare-and-swap pyiceberg's SQL cat
 makes (``UPDATE ... WHERE metadata_location = <the one checked>``), on the catalog's own
 connections, so SQLite's locks are taken by one library and its commit is synced as
 pyiceberg's is. A swap that finds the pointer moved (pyiceberg's commit in between, a
-newer leader's mark) reads the table again and checks again. Every other commit (a new
-table, added columns, a backfill, retention, compaction, expiry, a leader's mark) stays
-pyiceberg's: the two write one table in turn, each building on what the other committed.
+newer leader's mark) reads the table again and checks again. A new table (its first
+metadata written in the JVM, its catalog row inserted here) and a backfill that removes
+no file (a shape's first) are made there too: most of what a start with many new shapes
+commits. Every other commit (added columns, a backfill that replaces files, retention,
+compaction, expiry, a leader's mark) stays pyiceberg's: the two write one table in
+turn, each building on what the other committed.
 
 Used when the Spark session is a local one with Iceberg's jars on its class path
 (``make setup`` fetches them: ``tidemark.spark.iceberg_jars``), the root is on local
