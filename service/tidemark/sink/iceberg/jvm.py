@@ -82,14 +82,10 @@ class JavaCommits:
         With ``backfill`` (the generation's key) a backfill's commit that removes no file:
         built on whatever the table holds, its generation one past the newest snapshot's
         (never ``others``, ``skip`` or ``overlap``)."""
-        fence = fencing.current()
+        fence, leader, epoch = _fenced()
         mark = dict(fence.commit_info())
-        leader = ""
         if fence.epoch is not None:
             mark[fence.app_id] = str(fence.epoch)
-            if isinstance(fence.root, Path):
-                leader = str(fencing.leader_path(fence.root, fence.instance))
-        epoch = -1 if fence.epoch is None else fence.epoch
         name = ".".join(ident)
         asked: dict[str, Any] = {
             "paths": list(paths),
@@ -139,11 +135,7 @@ class JavaCommits:
                 raise SinkError(
                     f"the Iceberg commit of {name}: the catalog's swap failed: {exc}"
                 ) from exc
-            try:  # (not moved: the JVM removes the file it wrote)
-                self._java.swapped(name, written, moved, leader, epoch)
-            except Exception as exc:
-                log.warning("iceberg.java_swapped_failed", table=name, error=_java_message(exc))
-                self._forget(name)
+            self._swapped(name, written, moved, leader, epoch)
             if moved:
                 self._pointers[name] = written
                 return "done", number
@@ -163,11 +155,7 @@ class JavaCommits:
         snapshot of summary ``summary``) written in the JVM, then inserted into the catalog
         as pyiceberg's SQL catalog inserts a new table. False when a table of that name was
         there (its file removed); ``SinkError`` for any other failure."""
-        fence = fencing.current()
-        leader = ""
-        if fence.epoch is not None and isinstance(fence.root, Path):
-            leader = str(fencing.leader_path(fence.root, fence.instance))
-        epoch = -1 if fence.epoch is None else fence.epoch
+        fence, leader, epoch = _fenced()
         name = ".".join(ident)
         request = json.dumps({"properties": dict(properties), "summary": dict(summary)})
         try:
@@ -188,14 +176,18 @@ class JavaCommits:
             if isinstance(exc, TidemarkError):
                 raise
             raise SinkError(f"the Iceberg catalog could not add the table {name}: {exc}") from exc
-        try:
-            self._java.swapped(name, written, made, leader, epoch)
-        except Exception as exc:
-            log.warning("iceberg.java_swapped_failed", table=name, error=_java_message(exc))
-            self._forget(name)
+        self._swapped(name, written, made, leader, epoch)
         if made:
             self._pointers[name] = written
         return made
+
+    def _swapped(self, name: str, written: str, moved: bool, leader: str, epoch: int) -> None:
+        """The swap's outcome to the JVM (not moved: it removes the files it wrote)."""
+        try:
+            self._java.swapped(name, written, moved, leader, epoch)
+        except Exception as exc:
+            log.warning("iceberg.java_swapped_failed", table=name, error=_java_message(exc))
+            self._forget(name)
 
     def _pointer(self, ident: tuple[str, str]) -> str:
         found = pointer(self._catalog, ident)
@@ -361,6 +353,16 @@ def close_all() -> None:
     for commits in made:
         with contextlib.suppress(Exception):  # (its session stopped already)
             commits._java.close()
+
+
+def _fenced() -> tuple[fencing.Fence, str, int]:
+    """This process's fence, and what the JVM's fenced file IO checks: the leader file
+    of a local root ("" else) and the epoch (-1: unfenced)."""
+    fence = fencing.current()
+    leader = ""
+    if fence.epoch is not None and isinstance(fence.root, Path):
+        leader = str(fencing.leader_path(fence.root, fence.instance))
+    return fence, leader, -1 if fence.epoch is None else fence.epoch
 
 
 def _java_message(exc: BaseException) -> str:
