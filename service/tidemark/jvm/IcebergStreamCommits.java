@@ -16,10 +16,6 @@ import java.util.regex.Pattern;
 import java.util.stream.Stream;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.iceberg.AppendFiles;
-import org.apache.iceberg.mapping.MappingUtil;
-import org.apache.iceberg.SortOrder;
-import org.apache.iceberg.SchemaParser;
-import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.CatalogUtil;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
@@ -27,7 +23,10 @@ import org.apache.iceberg.ExpireSnapshots;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.Metrics;
 import org.apache.iceberg.MetricsConfig;
+import org.apache.iceberg.PartitionSpec;
+import org.apache.iceberg.SchemaParser;
 import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.SortOrder;
 import org.apache.iceberg.LocationProviders;
 import org.apache.iceberg.ManifestFile;
 import org.apache.iceberg.ManifestFiles;
@@ -43,6 +42,7 @@ import org.apache.iceberg.io.FileIO;
 import org.apache.iceberg.io.LocationProvider;
 import org.apache.iceberg.exceptions.CommitFailedException;
 import org.apache.iceberg.io.InputFile;
+import org.apache.iceberg.mapping.MappingUtil;
 import org.apache.iceberg.mapping.NameMapping;
 import org.apache.iceberg.mapping.NameMappingParser;
 import org.apache.iceberg.parquet.ParquetUtil;
@@ -325,21 +325,22 @@ public final class IcebergStreamCommits {
   }
 
   /**
-   * The files of the snapshots {@code pending} added to {@code base} (null: a new table's): their
-   * manifest lists and the manifests they wrote, when the catalog never named {@code pending}.
+   * The files of the snapshot {@code pending}'s commit added (its current one: an append's new
+   * snapshot, a new table's first), when the catalog never named {@code pending}: its manifest
+   * list and the manifests it wrote. (Only that snapshot's: the others {@code pending} holds are
+   * its base's, which the table may still name, or may have expired since.)
    */
-  private void removeUnswapped(TableMetadata base, TableMetadata pending) {
-    for (Snapshot snap : pending.snapshots()) {
-      if (base != null && base.snapshot(snap.snapshotId()) != null) {
-        continue;
-      }
-      for (ManifestFile manifest : snap.allManifests(io)) {
-        if (manifest.snapshotId() != null && manifest.snapshotId() == snap.snapshotId()) {
-          io.deleteFile(manifest.path());
-        }
-      }
-      io.deleteFile(snap.manifestListLocation());
+  private void removeUnswapped(TableMetadata current, TableMetadata pending) {
+    Snapshot added = pending.currentSnapshot();
+    if (added == null || (current != null && current.snapshot(added.snapshotId()) != null)) {
+      return;
     }
+    for (ManifestFile manifest : added.allManifests(io)) {
+      if (manifest.snapshotId() != null && manifest.snapshotId() == added.snapshotId()) {
+        io.deleteFile(manifest.path());
+      }
+    }
+    io.deleteFile(added.manifestListLocation());
   }
 
   /** Forget the table as read (another writer changed it: pyiceberg, a set-aside). */
