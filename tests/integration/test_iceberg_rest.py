@@ -31,7 +31,7 @@ from tidemark.state import fencing
 
 from .conftest import PgDatabase, one_server
 from .outside_readers import folded, plain
-from .rest_catalog import RestCatalog, start_rest_catalog
+from .rest_catalog import AuthGateway, RestCatalog, start_rest_catalog
 from .service_support import current_lsn, running_service, settings_for, wait_frontiers
 from .sink_support import rows_of
 from .test_e2e import SCHEMA, SHAPES, TRUTH, arun, mixed_workload
@@ -97,6 +97,63 @@ def test_a_rest_catalog_that_cannot_be_used_is_a_clear_error(
         assert f"cannot use the Iceberg catalog at {uri}" in message, message
         assert "[iceberg] catalog_uri (is the REST catalog up" in message, message
         assert "Traceback" not in message
+
+
+def test_a_rest_catalog_that_refuses_the_credentials_is_a_clear_error_and_loses_nothing(
+    tmp_path: Path,
+    rest_catalog: RestCatalog,
+    namespace: str,
+    epoch_one: fencing.Fence,  # noqa: F811
+) -> None:
+    """Behind an OAuth2 gateway (``AuthGateway``): a wrong or missing credential at start,
+    and credentials revoked while the service commits, each a ``SinkError`` that names
+    the shape (mid-run) and says what to set where, never the secret; the refused
+    commit leaves the table as it was, and once the credential is right again the same
+    batch lands exactly once."""
+    secret = "tidemark:" + secrets.token_hex(8)
+    gateway = AuthGateway(rest_catalog.uri, secret)
+    try:
+        for properties in ({"credential": "tidemark:not-the-secret"}, {}, {"token": "stale"}):
+            settings = IcebergSettings(
+                catalog_uri=gateway.uri, namespace=namespace, properties=properties
+            )
+            with pytest.raises(SinkError) as failure:
+                claim_root(tmp_path / secrets.token_hex(2), "iceberg", settings)
+            message = str(failure.value)
+            assert f"cannot use the Iceberg catalog at {gateway.uri}" in message, message
+            assert "refused tidemark's credentials" in message, message
+            assert "`credential`" in message and "[iceberg] properties" in message, message
+            assert "not-the-secret" not in message and "Traceback" not in message, message
+            forget_catalogs()
+        root = str(tmp_path)
+        good = {"credential": secret}
+        settings = IcebergSettings(catalog_uri=gateway.uri, namespace=namespace, properties=good)
+        table = claim_root(tmp_path, "iceberg", settings).changelog(root, SHAPE)
+        table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+        assert table.commit(_batch_files(table, 1, BATCH), BATCH, first_lsn=1) is not None
+        refused_before = gateway.refused
+        gateway.revoke()  # (its secret rotated: the one tidemark has is no good now)
+        staged = _batch_files(table, BATCH + 1, 2 * BATCH)
+        with pytest.raises(SinkError) as failure:
+            table.commit(staged, 2 * BATCH, first_lsn=BATCH + 1)
+        message = str(failure.value)
+        assert gateway.refused > refused_before
+        assert f"shape '{SHAPE}'" in message, message
+        assert "refused tidemark's credentials" in message, message
+        assert "then restart tidemark" in message and secret not in message, message
+        # the credential set right (the rotated one) and started again: the table holds
+        # the first batch only; the refused batch, committed again, lands once
+        forget_catalogs()
+        rotated = {"credential": gateway.credential}
+        settings = IcebergSettings(catalog_uri=gateway.uri, namespace=namespace, properties=rotated)
+        again = claim_root(tmp_path, "iceberg", settings).changelog(root, SHAPE)
+        assert again.committed_lsn() == BATCH
+        assert again.commit(staged, 2 * BATCH, first_lsn=BATCH + 1) is not None
+        assert again.commit(staged, 2 * BATCH, first_lsn=BATCH + 1) is None
+        lsns = sorted(r["_lsn"] for r in rows_of(again))
+        assert lsns == list(range(1, 2 * BATCH + 1))
+    finally:
+        gateway.stop()
 
 
 @one_server()

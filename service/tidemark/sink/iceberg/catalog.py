@@ -107,6 +107,12 @@ def _open(root: str | Path, uri: str, settings: IcebergSettings) -> Catalog:
         for namespace in (settings.namespace, current_namespace(settings.namespace)):
             catalog.create_namespace_if_not_exists(namespace)
     except Exception as exc:
+        refused = refusal(exc)
+        if refused is not None:
+            raise SinkError(
+                f"cannot use the Iceberg catalog at {shown}: "
+                f"{redact_text(_first_line(exc), uri)}; {refused}"
+            ) from exc
         what = (
             "is the REST catalog up at that address, with that path? does it need a "
             "token or credential in [iceberg] properties?"
@@ -148,6 +154,34 @@ def _durable_sqlite(catalog: Catalog, database: Path) -> None:
     synced.new_file(database, database.parent)
     synced.folder(database.parent)
     synced.sync()
+
+
+def refusal(exc: BaseException) -> str | None:
+    """What to do when ``exc`` is a REST catalog refusing tidemark (its credentials
+    unknown, expired or revoked, or not allowed what it asked); None for any other
+    error. Nothing is lost meanwhile: a commit refused is retried, and what it would
+    have committed is not acknowledged."""
+    from pyiceberg.exceptions import (
+        AuthorizationExpiredError,
+        ForbiddenError,
+        OAuthError,
+        UnauthorizedError,
+    )
+
+    if isinstance(exc, ForbiddenError):
+        return (
+            "the REST catalog knows tidemark's credentials but does not allow this: grant "
+            "its principal the rights to create namespaces and tables, and to load and "
+            "commit them, in [iceberg] namespace and its _current twin"
+        )
+    if isinstance(exc, (OAuthError, UnauthorizedError, AuthorizationExpiredError)):
+        return (
+            "the REST catalog refused tidemark's credentials: set a valid `credential` "
+            '("<client id>:<client secret>") or `token` in [iceberg] properties, then '
+            "restart tidemark; until then nothing more is committed or acknowledged, and "
+            "no row is lost"
+        )
+    return None
 
 
 def current_namespace(namespace: str) -> str:

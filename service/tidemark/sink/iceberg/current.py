@@ -24,7 +24,7 @@ from tidemark.errors import SinkError
 from tidemark.sink.current import CURRENT_DIR, bucket_of_path, current_path, point_of
 from tidemark.sink.files import DataFile
 from tidemark.sink.iceberg import snapshots
-from tidemark.sink.iceberg.catalog import current_namespace
+from tidemark.sink.iceberg.catalog import current_namespace, refusal
 from tidemark.sink.iceberg.table import (
     ARROW_PROPERTY,
     KEY_PROPERTY,
@@ -222,9 +222,11 @@ class IcebergCurrent:
                     files.append_data_file(parquet_file_to_data_file(io, tx.table_metadata, uri))
             tx.commit_transaction()
         except Exception as exc:
+            refused = refusal(exc)
             raise SinkError(
                 f"cannot create the Iceberg table {self.name} (current state of shape "
                 f"'{self.shape}'): {type(exc).__name__}: {exc}"
+                + ("" if refused is None else f"; {refused}")
             ) from exc
         if not self.remote:
             synced = SyncSet()

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pyarrow as pa
 
 from tidemark.errors import SinkError
+from tidemark.sink.iceberg.catalog import refusal
 from tidemark.state import fencing
 
 if TYPE_CHECKING:
@@ -308,7 +309,17 @@ def commit(
         expire = [s for s in expire if current is None or s != current.snapshot_id]
         if expire:
             tx._apply((RemoveSnapshotsUpdate.model_validate({"snapshot-ids": expire}),))
-    return tx.commit_transaction()
+    try:
+        return tx.commit_transaction()
+    except Exception as exc:
+        refused = refusal(exc)
+        if refused is None:
+            raise
+        name = ".".join(table.name())
+        raise SinkError(
+            f"shape '{table.name()[-1]}': the Iceberg catalog refused the commit to {name} "
+            f"({type(exc).__name__}: {exc}); {refused}"
+        ) from exc
 
 
 def _transaction_class() -> type:

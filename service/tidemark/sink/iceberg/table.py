@@ -42,6 +42,7 @@ from tidemark.errors import SinkError, TableDamaged
 from tidemark.sink.files import DataFile
 from tidemark.sink.folder import TableFolder, holds
 from tidemark.sink.iceberg import snapshots
+from tidemark.sink.iceberg.catalog import refusal
 from tidemark.sink.iceberg.rows import pointer
 from tidemark.sink.iceberg.snapshots import GENERATION, OFFSET, RETAINED
 from tidemark.sink.port import ChangelogFile, ChangelogView, CommitRecord
@@ -222,9 +223,11 @@ class IcebergChangelog(TableFolder):
             except SinkError:
                 raise
             except Exception as exc:
+                refused = refusal(exc)
                 raise SinkError(
                     f"cannot create the Iceberg table {self.name} of shape '{self.shape}' "
                     f"at {self.uri}: {type(exc).__name__}: {exc}"
+                    + ("" if refused is None else f"; {refused}")
                 ) from exc
             if isinstance(self.path, Path) and isinstance(self.root, Path):
                 (self.path / "data").mkdir(exist_ok=True)
@@ -788,6 +791,12 @@ def load_or_none(catalog: Catalog, ident: tuple[str, str], name: str) -> Table |
     except NoSuchTableError:
         return None
     except Exception as exc:
+        refused = refusal(exc)
+        if refused is not None:
+            raise SinkError(
+                f"shape '{ident[1]}': the Iceberg catalog would not give {name} "
+                f"({type(exc).__name__}: {exc}); {refused}"
+            ) from exc
         raise SinkError(f"cannot ask the Iceberg catalog for {name}: {exc}") from exc
 
 
