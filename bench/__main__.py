@@ -27,6 +27,7 @@ SECTIONS = (
     "parquet",
     "metrics",
     "shapes",
+    "commits",
     "object-store",
     "streamed",
     "backfill",
@@ -130,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[FORMAT_ENV] = fmt
                 per_format[fmt] = shapes_bench.main()
             _compare_formats("shapes", per_format, ["ready_s", "lag_p99_s", "drain_s"])
+        elif section == "commits":
+            from bench import commits_bench
+
+            commits_bench.main()
         elif section == "object-store":
             from bench import object_store_bench
 
