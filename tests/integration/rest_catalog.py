@@ -106,6 +106,9 @@ class AuthGateway:
         self.credential = credential
         self.tokens: set[str] = set()
         self.refused = 0
+        # (method, path ending) pairs it forbids (403), whatever the token: a principal
+        # that may not do that
+        self.forbidden: set[tuple[str, str]] = set()
         gateway = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -157,6 +160,14 @@ class AuthGateway:
             self.refused += 1
             error = {"message": "no valid token", "type": "NotAuthorizedException", "code": 401}
             _answer(request, 401, json.dumps({"error": error}).encode())
+            return
+        if any(
+            request.command == method and request.path.rstrip("/").endswith(path)
+            for method, path in self.forbidden
+        ):
+            self.refused += 1
+            error = {"message": "not allowed", "type": "ForbiddenException", "code": 403}
+            _answer(request, 403, json.dumps({"error": error}).encode())
             return
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         forwarded = urllib.request.Request(

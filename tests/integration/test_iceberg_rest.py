@@ -106,7 +106,8 @@ def test_a_rest_catalog_that_refuses_the_credentials_is_a_clear_error_and_loses_
     epoch_one: fencing.Fence,  # noqa: F811
 ) -> None:
     """Behind an OAuth2 gateway (``AuthGateway``): a wrong or missing credential at start,
-    and credentials revoked while the service commits, each a ``SinkError`` that names
+    a principal that may not create the namespace, and credentials revoked while the
+    service commits, each a ``SinkError`` that names
     the shape (mid-run) and says what to set where, never the secret; the refused
     commit leaves the table as it was, and once the credential is right again the same
     batch lands exactly once."""
@@ -125,6 +126,18 @@ def test_a_rest_catalog_that_refuses_the_credentials_is_a_clear_error_and_loses_
             assert "`credential`" in message and "[iceberg] properties" in message, message
             assert "not-the-secret" not in message and "Traceback" not in message, message
             forget_catalogs()
+        # the right credential, but a principal that may not create namespaces
+        gateway.forbidden.add(("POST", "/v1/namespaces"))
+        settings = IcebergSettings(
+            catalog_uri=gateway.uri, namespace=namespace, properties={"credential": secret}
+        )
+        with pytest.raises(SinkError) as failure:
+            claim_root(tmp_path / secrets.token_hex(2), "iceberg", settings)
+        message = str(failure.value)
+        assert "ForbiddenError" in message and "grant its principal the rights" in message
+        assert "[iceberg] namespace" in message and secret not in message, message
+        gateway.forbidden.clear()
+        forget_catalogs()
         root = str(tmp_path)
         good = {"credential": secret}
         settings = IcebergSettings(catalog_uri=gateway.uri, namespace=namespace, properties=good)
