@@ -12,6 +12,7 @@ clear error at start."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections import Counter
 from collections.abc import Iterator
@@ -25,14 +26,20 @@ from tidemark.demo.verify import compare_shape, normalise
 from tidemark.errors import SinkError
 from tidemark.settings.config import IcebergSettings
 from tidemark.sink.iceberg.catalog import forget_catalogs
-from tidemark.sink.root import claim_root, root_format
+from tidemark.sink.root import CATALOG_ENV, claim_root, root_format
 from tidemark.sink.schema import table_schema
 from tidemark.state import fencing
 
 from .conftest import PgDatabase, one_server
 from .outside_readers import folded, plain
 from .rest_catalog import AuthGateway, RestCatalog, start_rest_catalog
-from .service_support import current_lsn, running_service, settings_for, wait_frontiers
+from .service_support import (
+    confirmed_flush,
+    current_lsn,
+    running_service,
+    settings_for,
+    wait_frontiers,
+)
 from .sink_support import rows_of
 from .test_e2e import SCHEMA, SHAPES, TRUTH, arun, mixed_workload
 from .test_iceberg import epoch_one  # noqa: F401  (a fixture)
@@ -167,6 +174,64 @@ def test_a_rest_catalog_that_refuses_the_credentials_is_a_clear_error_and_loses_
         assert lsns == list(range(1, 2 * BATCH + 1))
     finally:
         gateway.stop()
+
+
+@one_server()
+async def test_credentials_revoked_while_the_service_runs_hold_the_acknowledgement_and_lose_nothing(
+    pg_db: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    rest_catalog: RestCatalog,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The service behind the OAuth2 gateway: its secret rotated while rows arrive, the
+    shapes those rows touch show the refusal and what to do, nothing past them is
+    acknowledged; the secret given back, they commit, and every shape equals Postgres."""
+    root = tmp_path / "lake"
+    await arun(pg_db, SCHEMA)
+    secret = "tidemark:" + secrets.token_hex(8)
+    gateway = AuthGateway(rest_catalog.uri, secret)
+    try:
+        iceberg = {
+            "catalog_uri": gateway.uri,
+            "namespace": namespace,
+            "properties": {"credential": secret},
+        }
+        settings = settings_for(
+            pg_db.dsn, str(root), SHAPES, sink={"format": "iceberg"}, iceberg=iceberg
+        )
+        async with running_service(settings, spark) as service:
+            await mixed_workload(pg_db)
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+            gateway.revoke()
+            await arun(pg_db, "update accounts set balance = balance + 7 where id % 4 = 0")
+            written = current_lsn(pg_db.dsn)
+            async with asyncio.timeout(90):
+                while True:
+                    shown = {n: service.shape_state(n) for n in service.shapes}
+                    failing = {n: e for n, (state, e) in shown.items() if state == "error" and e}
+                    if failing:
+                        break
+                    await asyncio.sleep(0.1)
+            assert all("refused tidemark's credentials" in e for e in failing.values()), failing
+            assert all(f"shape '{n}'" in e for n, e in failing.items()), failing
+            assert all(secret not in e for e in failing.values()), failing
+            await asyncio.sleep(2)  # (retries come and are refused)
+            assert confirmed_flush(pg_db.dsn) < written
+            gateway.credential = secret  # (given back: the next retry is let through)
+            await arun(
+                pg_db, "insert into notes select g, 150, 'late' from generate_series(90, 99) g"
+            )
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+        assert gateway.refused > 0
+    finally:
+        gateway.stop()
+    forget_catalogs()
+    monkeypatch.setenv(CATALOG_ENV, rest_catalog.uri)  # (a reader without the gateway)
+    for shape, query in TRUTH.items():
+        result = compare_shape(spark, str(root), shape, query, pg_db.dsn)
+        assert result.equal, result.describe()
 
 
 @one_server()
