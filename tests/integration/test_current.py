@@ -9,7 +9,8 @@ points; and changelog retention. After every step, ``read.current`` must equal t
 source state at the newest commit, and the current table read with plain
 ``deltalake`` (no tidemark code) must equal the source state at the LSN its newest
 refresh commit records. Reads ``as_of`` an earlier LSN must equal the state then,
-or be refused when retention dropped that history.
+or be refused when retention dropped that history or a resync's snapshot replaced it
+(the test records the snapshot in the frontiers file, as the service does).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tidemark.errors import SinkError
 from tidemark.sink import current, retention
 from tidemark.sink.delta.current import CurrentTable
 from tidemark.sink.delta.table import ShapeTable
+from tidemark.sink.frontiers import Frontiers, ShapeFrontier, store_frontiers
 from tidemark.sink.schema import ColumnSpec, table_schema
 
 COLUMNS = [ColumnSpec("id", 23), ColumnSpec("name", 25), ColumnSpec("big", 25)]
@@ -70,6 +72,7 @@ class Lake:
         self.source: State = {}
         self.history: list[tuple[int, State]] = [(0, {})]  # (lsn, state after it)
         self.oldest_readable = 0
+        self.snapshot_lsn: int | None = None
         self.commits = 0
 
     def _file(self, rows: list[dict[str, Any]]) -> Any:
@@ -142,9 +145,20 @@ class Lake:
         self.table.backfill_commit(self.table.active_files_with_sizes(), files)
         self.history.append((self.lsn - 1, dict(self.source)))
         self.oldest_readable = self.lsn - 1  # the history before a snapshot is replaced
+        self.snapshot_lsn = self.lsn
 
     def state_at(self, lsn: int) -> State:
         return next(s for at, s in reversed(self.history) if at <= lsn)
+
+
+def publish_frontiers(root: Path, lakes: dict[str, Lake]) -> None:
+    """What the service records after a resync commits: the snapshot's LSN, by which
+    reads refuse an LSN whose history the snapshot replaced."""
+    shapes = {
+        name: ShapeFrontier(lake.lsn, lake.lsn, True, lake.snapshot_lsn)
+        for name, lake in lakes.items()
+    }
+    store_frontiers(root, Frontiers(max(lake.lsn for lake in lakes.values()), shapes))
 
 
 def as_state(rows: list[dict[str, Any]]) -> State:
@@ -187,6 +201,20 @@ def check(spark: Any, lake: Lake) -> None:
     ],
     probe=0,
 )
+# a resync of a shape emptied by a truncate, then retention: a read as of the LSN before
+# the truncate is refused (the current table, folded "through LSN 0" as it holds no row,
+# must not answer it; CI drew this case once)
+@example(
+    steps=[
+        ("txn", "s", [("insert", 1, 0, "a"), ("insert", 2, 0, "b"), ("insert", 3, 0, "c")]),
+        ("refresh", "s", 2),
+        ("txn", "s", [("truncate", 0, 0, None)]),
+        ("resync", "s", None),
+        ("refresh_many", None, current.SMALL_TABLE_BYTES),
+        ("retain", "s", None),
+    ],
+    probe=1,
+)
 def test_current_table_and_reads_equal_the_source_through_refreshes_resyncs_and_retention(
     spark: Any, tmp_path_factory: pytest.TempPathFactory, steps: list[Any], probe: int
 ) -> None:
@@ -203,6 +231,7 @@ def test_current_table_and_reads_equal_the_source_through_refreshes_resyncs_and_
             assert not [o for o in outcomes.values() if isinstance(o, Exception)], outcomes
         elif kind == "resync":
             lake.resync()
+            publish_frontiers(root, lakes)
         elif kind == "retain":
             done = retention.compact_changelog(spark, root, name, 0, now_ms=FAR_FUTURE_MS)
             if done is not None:
@@ -211,14 +240,14 @@ def test_current_table_and_reads_equal_the_source_through_refreshes_resyncs_and_
                 assert all(v > done.retained_lsn for v in kept)
         for each in lakes.values():
             check(spark, each)
-    # as of an earlier commit: the state then, or refused once its history is gone
+    # as of an earlier commit: the state then, or refused once its history is gone (by
+    # retention, or by a resync's snapshot: the frontiers say where it was taken)
     for lake in lakes.values():
         lsns = [at for at, _ in lake.history]
         as_of = lsns[probe % len(lsns)]
         if as_of < lake.oldest_readable:
-            if lake.table.retained_lsn(lake.table.generation()) is not None:
-                with pytest.raises(SinkError, match="Read as of"):
-                    read.current(spark, root, lake.name, as_of=as_of).collect()
+            with pytest.raises(SinkError, match="Read as of"):
+                read.current(spark, root, lake.name, as_of=as_of).collect()
             continue
         rows = read.current(spark, root, lake.name, as_of=as_of).collect()
         assert as_state([r.asDict() for r in rows]) == lake.state_at(as_of), lake.name
