@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -81,3 +83,14 @@ async def wait_frontiers(service: Service, lsn: int, timeout: float = 120.0) -> 
             if service.shapes and all(frontiers.get(n, -1) >= lsn for n in service.shapes):
                 return
             await asyncio.sleep(0.05)
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``tidemark <argv>`` in a process of its own, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "tidemark", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

@@ -13,6 +13,7 @@ clear error at start."""
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 from collections import Counter
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from tidemark.demo.verify import compare_shape, normalise
 from tidemark.errors import SinkError
 from tidemark.settings.config import IcebergSettings
 from tidemark.sink.iceberg.catalog import forget_catalogs
-from tidemark.sink.root import CATALOG_ENV, claim_root, root_format
+from tidemark.sink.root import CATALOG_ENV, PROPERTIES_ENV, claim_root, root_format
 from tidemark.sink.schema import table_schema
 from tidemark.state import fencing
 
@@ -36,6 +37,7 @@ from .rest_catalog import AuthGateway, RestCatalog, start_rest_catalog
 from .service_support import (
     confirmed_flush,
     current_lsn,
+    run_cli,
     running_service,
     settings_for,
     wait_frontiers,
@@ -225,13 +227,40 @@ async def test_credentials_revoked_while_the_service_runs_hold_the_acknowledgeme
             )
             await wait_frontiers(service, current_lsn(pg_db.dsn))
         assert gateway.refused > 0
+        forget_catalogs()
+        # readers through the same gateway, with the credential given as a reader gives
+        # it: the library from TIDEMARK_ICEBERG__PROPERTIES, `tidemark read` from its
+        # settings file; a wrong one is the same clear refusal, for a reader
+        monkeypatch.setenv(CATALOG_ENV, gateway.uri)
+        monkeypatch.setenv(PROPERTIES_ENV, json.dumps({"credential": secret}))
+        for shape, query in TRUTH.items():
+            result = compare_shape(spark, str(root), shape, query, pg_db.dsn)
+            assert result.equal, result.describe()
+        monkeypatch.delenv(CATALOG_ENV)
+        monkeypatch.delenv(PROPERTIES_ENV)
+        config = tmp_path / "read.toml"
+        for credential in (secret, "tidemark:wrong"):
+            config.write_text(
+                f'[sink]\nroot = "{root}"\n[current]\nenabled = false\n'
+                f'[iceberg]\ncatalog_uri = "{gateway.uri}"\nnamespace = "{namespace}"\n'
+                f'[iceberg.properties]\ncredential = "{credential}"\n'
+            )
+            done = run_cli("read", "gold", "--config", str(config), "-o", "json")
+            if credential != secret:
+                assert done.returncode != 0, done.stdout[-2000:]
+                assert "refused tidemark's credentials" in done.stderr, done.stderr[-2000:]
+                assert "TIDEMARK_ICEBERG__PROPERTIES" in done.stderr, done.stderr[-2000:]
+                assert "Traceback" not in done.stderr and credential not in done.stderr
+                continue
+            assert done.returncode == 0, done.stderr[-2000:]
+            rows = json.loads(done.stdout)["rows"]
+            with psycopg.connect(pg_db.dsn) as conn:
+                query = "select id, owner, tier from accounts where tier = 'gold'"
+                truth = Counter(tuple(map(normalise, r)) for r in conn.execute(query))
+            got = Counter(tuple(normalise(r[c]) for c in ("id", "owner", "tier")) for r in rows)
+            assert got == truth and got, got
     finally:
         gateway.stop()
-    forget_catalogs()
-    monkeypatch.setenv(CATALOG_ENV, rest_catalog.uri)  # (a reader without the gateway)
-    for shape, query in TRUTH.items():
-        result = compare_shape(spark, str(root), shape, query, pg_db.dsn)
-        assert result.equal, result.describe()
 
 
 @one_server()

@@ -19,8 +19,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -51,6 +49,7 @@ from .object_store_support import (
 from .service_support import (
     confirmed_flush,
     current_lsn,
+    run_cli,
     running_service,
     settings_for,
     wait_frontiers,
@@ -597,16 +596,6 @@ async def wait_frontiers_after_errors(service: Any, lsn: int, timeout: float = 1
             if service.shapes and all(frontiers.get(n, -1) >= lsn for n in service.shapes):
                 return
             await asyncio.sleep(0.1)
-
-
-def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tidemark", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize(

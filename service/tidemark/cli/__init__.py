@@ -469,7 +469,9 @@ def cmd_read(args: argparse.Namespace) -> int:
     root = args.root or settings.sink.root
     as_of = int(Lsn.parse(args.as_of)) if args.as_of else None
     # the root's format as the service recorded it (the catalog's password: from here)
-    tables = root_format(root, settings.iceberg.catalog_uri or None)
+    tables = root_format(
+        root, settings.iceberg.catalog_uri or None, settings.iceberg.properties or None
+    )
     if not tables.changelog(root, args.shape).exists():  # say so before anything starts
         raise SinkError(
             f"shape '{args.shape}' has no table under {root}: is the name right, and has "
@@ -564,7 +566,9 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     root = args.root or settings.sink.root
-    tables = root_format(root, settings.iceberg.catalog_uri or None)
+    tables = root_format(
+        root, settings.iceberg.catalog_uri or None, settings.iceberg.properties or None
+    )
     found = [read.describe_tables(root, shape, tables) for shape in read.shapes_at(root)]
     if args.output == "json":
         print(json.dumps(found, indent=2))
@@ -933,6 +937,13 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if argv is None and args.func is not cmd_run:
+        # the command in a process of its own: its log lines on stderr, so that its
+        # output (`-o json`, a CSV on stdout) is only what it prints (`run` sets up the
+        # service's logging from its settings; a caller passing argv keeps its own)
+        from tidemark.observability import configure_logging
+
+        configure_logging()
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

@@ -152,7 +152,9 @@ def _plan_purge(settings: Settings, plan: Plan) -> None:
     state = state_dir(root, instance)
     registry = ShapeRegistry.open(join(state, "shapes.json"))
     shapes = {s.name for s in registry.shapes()} | {s.name for s in settings.shapes}
-    tables = root_format(root, settings.iceberg.catalog_uri or None)
+    tables = root_format(
+        root, settings.iceberg.catalog_uri or None, settings.iceberg.properties or None
+    )
     for shape in sorted(shapes):
         changelog_dir, current_dir = tables.folders(root, shape)
         if tables.name == "iceberg":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 FORMAT_FILE = "_tidemark/format.json"
 CATALOG_ENV = "TIDEMARK_ICEBERG__CATALOG_URI"
+PROPERTIES_ENV = "TIDEMARK_ICEBERG__PROPERTIES"  # (JSON, as the settings read it)
 
 
 def _record(root: Location) -> dict[str, Any]:
@@ -63,10 +65,14 @@ def claim_root(root: Location, name: str, iceberg: IcebergSettings | None) -> Ta
     return fmt
 
 
-def root_format(root: Location, catalog_uri: str | None = None) -> TableFormat:
+def root_format(
+    root: Location, catalog_uri: str | None = None, properties: Mapping[str, str] | None = None
+) -> TableFormat:
     """The format of the tables under ``root``, for a reader: as the service recorded
-    it (a root without a record: Delta). An Iceberg catalog whose URI holds a password
-    is not recorded with it: pass ``catalog_uri`` or set ``TIDEMARK_ICEBERG__CATALOG_URI``."""
+    it (a root without a record: Delta). What is not recorded with it, a reader gives:
+    an Iceberg catalog's password (``catalog_uri``, or ``TIDEMARK_ICEBERG__CATALOG_URI``)
+    and the catalog's properties, a REST catalog's ``credential`` or ``token`` among
+    them (``properties``, or ``TIDEMARK_ICEBERG__PROPERTIES`` holding a JSON object)."""
     record = _record(root)
     name = record.get("format") or "delta"
     if name != "iceberg":
@@ -79,5 +85,30 @@ def root_format(root: Location, catalog_uri: str | None = None) -> TableFormat:
             f"the Iceberg catalog of {root} is {uri}: give its password, with "
             f"catalog_uri=... or the environment variable {CATALOG_ENV}"
         )
-    settings = IcebergSettings(catalog_uri=uri, namespace=record.get("namespace") or "tidemark")
+    if properties is None:
+        properties = _properties_from_env()
+    settings = IcebergSettings(
+        catalog_uri=uri,
+        namespace=record.get("namespace") or "tidemark",
+        properties=dict(properties),
+    )
     return table_format("iceberg", settings)
+
+
+def _properties_from_env() -> dict[str, str]:
+    text = os.environ.get(PROPERTIES_ENV)
+    if not text:
+        return {}
+    try:
+        found = json.loads(text)
+    except ValueError as exc:
+        raise SinkError(
+            f"{PROPERTIES_ENV} is not JSON ({exc}): set it to an object of the catalog's "
+            """properties, e.g. {"credential": "<client id>:<client secret>"}"""
+        ) from exc
+    if not isinstance(found, dict):
+        raise SinkError(
+            f"{PROPERTIES_ENV} holds {type(found).__name__}, not an object of the "
+            """catalog's properties: e.g. {"credential": "<client id>:<client secret>"}"""
+        )
+    return {str(k): str(v) for k, v in found.items()}

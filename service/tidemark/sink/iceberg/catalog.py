@@ -37,7 +37,7 @@ CATALOG_FILE = "_tidemark/iceberg.db"
 IO_IMPL = "tidemark.sink.iceberg.io.SyncedFileIO"
 
 _lock = threading.Lock()
-_catalogs: dict[tuple[str, str, str], Catalog] = {}
+_catalogs: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], Catalog] = {}
 
 
 def catalog_uri(root: str | Path, uri: str = "") -> str:
@@ -69,7 +69,8 @@ def open_catalog(root: str | Path, settings: IcebergSettings) -> Catalog:
     """The catalog of ``root``'s tables (one per root and URI in a process), its
     namespaces created; ``SinkError`` saying what to do when it cannot be reached."""
     uri = catalog_uri(root, settings.catalog_uri)
-    key = (_root_key(root), uri, settings.namespace)
+    # (the properties too: a reader given other credentials than a service's)
+    key = (_root_key(root), uri, settings.namespace, tuple(sorted(settings.properties.items())))
     with _lock:
         found = _catalogs.get(key)
         if found is not None:
@@ -179,7 +180,8 @@ def refusal(exc: BaseException) -> str | None:
             "the REST catalog refused tidemark's credentials: set a valid `credential` "
             '("<client id>:<client secret>") or `token` in [iceberg] properties, then '
             "restart tidemark; until then nothing more is committed or acknowledged, and "
-            "no row is lost"
+            "no row is lost (a reader such as `tidemark read` takes them from its --config "
+            "file or from TIDEMARK_ICEBERG__PROPERTIES, a JSON object)"
         )
     return None
 
