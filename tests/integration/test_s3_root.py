@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import signal
 import time
@@ -221,7 +222,12 @@ def s3a_counter(spark: Any, name: str) -> int:
 
 
 async def test_a_delta_root_on_s3_equals_postgres(
-    pg_db: PgDatabase, spark: Any, store: tuple[S3Server, Proxy], proxy: Proxy, tmp_path: Path
+    pg_db: PgDatabase,
+    spark: Any,
+    store: tuple[S3Server, Proxy],
+    proxy: Proxy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server = store[0]
     root = f"s3://{BUCKET}/{secrets.token_hex(4)}/lake"
@@ -256,11 +262,25 @@ async def test_a_delta_root_on_s3_equals_postgres(
 
     # 20 ms on every request, as on real S3; then a restart on the same root
     proxy.latency(20)
+    listed: list[str] = []
+    real_listing = objectstore.listing
+
+    def listing(location: Any, *args: Any, **kwargs: Any) -> Any:  # (the real one, noted)
+        listed.append(str(location))
+        return real_listing(location, *args, **kwargs)
+
+    monkeypatch.setattr(objectstore, "listing", listing)
     async with running_service(config, spark) as service:
         await workload(pg_db, 2000)
         await wait_frontiers(service, current_lsn(pg_db.dsn))
+    monkeypatch.undo()
     check_every_reader(spark, pg_db, root)
     check_current_tables(pg_db, root, server, proxy)
+    # the files Spark wrote (a round's, a large batch's) are described as its tasks
+    # reported them: no data/<uuid> folder is listed (before: a LIST per shape per
+    # round, and one per batch written alone)
+    assert listed, "the service listed nothing at all: the spy is not in the way"
+    assert not [p for p in listed if re.search(r"/tables/[a-z_]+/data/[0-9a-f-]{36}$", p)], listed
 
     # the command line reads the bucket with [s3] from a settings file: tidemark read
     # (pyarrow), tidemark read --spark (its own Spark, S3A on its class path), tables

@@ -17,18 +17,35 @@
  * the job's id, so a task run again (local[N,F]) writes the same names: never a second
  * copy of a shape's rows next to what a failed attempt left.
  *
+ * On an object store, for a write with the option `tidemark.direct.report` (a flush
+ * round's), a task also reports each file it wrote into a member's folder, with the
+ * size and time the store gives it, once the task commits (`take`): tidemark
+ * then describes a round's files without listing each member's folder (a request and
+ * its Python per shape: 0.7-1.1 s of a round of 450 shapes on S3). In local mode the
+ * tasks run in the driver's JVM, so a static table carries the report to the driver.
+ *
  * Built into tidemark-jvm.jar next to this file by `make jvm`.
  */
 package tidemark.hadoop;
 
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.mapreduce.TaskAttemptContext;
+import org.apache.spark.internal.io.FileCommitProtocol;
 import org.apache.spark.internal.io.FileNameSpec;
 import org.apache.spark.sql.execution.datasources.SQLHadoopMapReduceCommitProtocol;
 import scala.Option;
 
 public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProtocol {
   public static final String COLUMN = "_tm_dest";
+  /** A write's option: its tasks report the files they write on an object store. */
+  public static final String REPORT = "tidemark.direct.report";
   private static final String PREFIX = COLUMN + "=";
 
   public DirectPartitionCommitProtocol(
@@ -36,14 +53,82 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
     super(jobId, path, dynamicPartitionOverwrite);
   }
 
+  /** Per folder on an object store: each file's name, size and modification time. */
+  private static final Map<String, Map<String, long[]>> WRITTEN = new ConcurrentHashMap<>();
+
+  /** This task's files in folders on an object store (the protocol is a task's own copy). */
+  private transient List<String[]> taskFiles;
+
   @Override
   public String newTaskTempFile(
       TaskAttemptContext taskContext, Option<String> dir, FileNameSpec spec) {
     if (dir.isDefined() && dir.get().startsWith(PREFIX) && dir.get().indexOf('/') < 0) {
       String folder = unescape(dir.get().substring(PREFIX.length()));
-      return new Path(folder, getFilename(taskContext, spec)).toString();
+      String name = getFilename(taskContext, spec);
+      if (remote(folder) && taskContext.getConfiguration().getBoolean(REPORT, false)) {
+        if (taskFiles == null) {
+          taskFiles = new ArrayList<>();
+        }
+        taskFiles.add(new String[] {folder, name});
+      }
+      return new Path(folder, name).toString();
     }
     return super.newTaskTempFile(taskContext, dir, spec);
+  }
+
+  @Override
+  public FileCommitProtocol.TaskCommitMessage commitTask(TaskAttemptContext taskContext) {
+    FileCommitProtocol.TaskCommitMessage message = super.commitTask(taskContext);
+    if (taskFiles != null) {
+      try {
+        for (String[] file : taskFiles) {
+          Path path = new Path(file[0], file[1]);
+          FileStatus status =
+              path.getFileSystem(taskContext.getConfiguration()).getFileStatus(path);
+          WRITTEN
+              .computeIfAbsent(file[0], k -> new ConcurrentHashMap<>())
+              .put(file[1], new long[] {status.getLen(), status.getModificationTime()});
+        }
+      } catch (IOException e) {
+        throw new UncheckedIOException(e);
+      } finally {
+        taskFiles = null;
+      }
+    }
+    return message;
+  }
+
+  /**
+   * What the committed tasks wrote into the given folders (one per line), forgotten
+   * here: a line per file, "folder TAB name TAB size TAB modified-ms"; a folder with
+   * no line had no file reported (the caller lists it).
+   */
+  public static String take(String folders) {
+    StringBuilder out = new StringBuilder();
+    for (String folder : folders.split("\n")) {
+      Map<String, long[]> files = WRITTEN.remove(folder);
+      if (files == null) {
+        continue;
+      }
+      for (Map.Entry<String, long[]> file : files.entrySet()) {
+        out.append(folder).append('\t').append(file.getKey()).append('\t');
+        out.append(file.getValue()[0]).append('\t').append(file.getValue()[1]).append('\n');
+      }
+    }
+    return out.toString();
+  }
+
+  /** Forget what was reported for these folders (a job that failed: nothing is taken). */
+  public static void forget(String folders) {
+    for (String folder : folders.split("\n")) {
+      WRITTEN.remove(folder);
+    }
+  }
+
+  /** Whether a member's folder is on an object store (not on this machine's disks). */
+  static boolean remote(String folder) {
+    int colon = folder.indexOf(':');
+    return colon > 0 && !folder.startsWith("file:") && folder.indexOf('/') > colon;
   }
 
   /** A partition value as Spark escaped it into a path segment: %XX back to chars. */

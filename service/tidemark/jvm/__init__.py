@@ -10,7 +10,9 @@ tidemark starts in local mode uses both classes (``tidemark.spark.local_mode_con
   (``DirectPartitionCommitProtocol.java``): Spark's commit protocol, except that a
   flush round partitioned by ``_tm_dest`` writes each member's files straight into
   the folder of its table that the column names (no ``_temporary`` folder renamed at
-  job commit, no move by tidemark afterwards).
+  job commit, no move by tidemark afterwards); on an object store, a write with the
+  option ``DIRECT_REPORT`` has its tasks report the files they wrote, so tidemark
+  lists no folder to find them (``sink.folder.take_reported``).
 * ``tidemark.iceberg.IcebergStreamCommits`` (``IcebergStreamCommits.java``, with
   ``SyncedFileIO.java``): the stream commits of Iceberg changelogs with Iceberg's Java
   library (``tidemark.sink.iceberg.jvm``), when Iceberg's jars are there
@@ -36,6 +38,7 @@ SOURCES = tuple(
 LOCAL_FS_CLASS = "tidemark.hadoop.NioLocalFileSystem"
 DIRECT_COMMIT_CLASS = "tidemark.hadoop.DirectPartitionCommitProtocol"
 DIRECT_COLUMN = "_tm_dest"  # DirectPartitionCommitProtocol.COLUMN
+DIRECT_REPORT = "tidemark.direct.report"  # DirectPartitionCommitProtocol.REPORT
 
 
 ICEBERG_CLASS = "tidemark.iceberg.IcebergStreamCommits"

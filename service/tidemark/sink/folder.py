@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from tidemark.errors import WriterFenced
-from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS
+from tidemark.jvm import DIRECT_COLUMN, DIRECT_COMMIT_CLASS, DIRECT_REPORT
 from tidemark.state import fencing, objectstore
 from tidemark.state.durable import SyncSet, make_dirs
 from tidemark.state.objectstore import Location, is_remote, join
@@ -169,17 +169,28 @@ class TableFolder:
             return describe_file(self.path, rel_path)
         return self._remote_files([objectstore.Listed(rel_path, -1, 0)])[0]
 
-    def files_in(self, rel_dir: str, known: tuple[int, str] | None = None) -> list[DataFile]:
+    def files_in(
+        self,
+        rel_dir: str,
+        known: tuple[int, str] | None = None,
+        reported: Sequence[tuple[str, int, int]] | None = None,
+    ) -> list[DataFile]:
         """The Parquet files Spark wrote under ``rel_dir`` (none when it was not made);
-        Spark's .crc files removed. ``known``: the row count and stats of all the rows
-        written there (``describe_remote``), on an object store."""
+        Spark's .crc files removed. On an object store: ``known``, the row count and
+        stats of all the rows written there (``describe_remote``); ``reported``, the
+        files (name, size, modified ms) the writing tasks reported, else the folder is
+        listed."""
         if not isinstance(self.path, Path):
-            listed = objectstore.listing(join(self.path, rel_dir))
+            found = (
+                objectstore.listing(join(self.path, rel_dir))
+                if reported is None
+                else [objectstore.Listed(*file) for file in reported]
+            )
             return describe_remote(
                 self.path,
                 [
                     objectstore.Listed(f"{rel_dir}/{f.name}", f.size, f.modified_ms)
-                    for f in listed
+                    for f in found
                     if f.name.endswith(".parquet")
                     and not f.name.rsplit("/", 1)[-1].startswith((".", "_"))
                 ],
@@ -338,21 +349,53 @@ def writes_in_place(spark: Any) -> bool:
     return bool(chosen == DIRECT_COMMIT_CLASS)
 
 
-def write_files(spark: Any, frame: Any, table: ChangelogTable, folder: Path | str) -> None:
+def write_files(
+    spark: Any, frame: Any, table: ChangelogTable, folder: Path | str
+) -> Reported | None:
     """Spark writes ``frame`` as Parquet files into ``folder`` (a batch's new folder).
     For a table on an object store, in place (``DirectPartitionCommitProtocol``: the
     frame partitioned by ``_tm_dest``, the job's own output a local scratch folder), so
     no ``_temporary`` folder is made on the store and no file is renamed there (S3A's
-    rename is a copy and a delete of each file)."""
+    rename is a copy and a delete of each file); the files written there, as the tasks
+    reported them (for ``files_in``: the folder need not be listed), else None."""
     if not table.remote or not writes_in_place(spark):
         frame.write.mode("append").parquet(str(folder))
-        return
+        return None
     from pyspark.sql import functions as F
 
     scratch = objectstore.local_dir(table.root) / "_writes" / str(uuid.uuid4())
     try:
         frame.withColumn(DIRECT_COLUMN, F.lit(str(folder))).write.partitionBy(DIRECT_COLUMN).mode(
             "append"
-        ).parquet(str(scratch))
+        ).option(DIRECT_REPORT, "true").parquet(str(scratch))
     finally:
+        reported = take_reported(spark, [str(folder)])  # (also when the job failed)
         fencing.clear(scratch)
+    return reported.get(str(folder))
+
+
+Reported = list[tuple[str, int, int]]  # a folder's files: (name, size, modified ms)
+
+
+def take_reported(spark: Any, folders: Iterable[str]) -> dict[str, Reported]:
+    """What the tasks of a write with ``DIRECT_REPORT`` wrote into ``folders`` on an
+    object store, as they reported it (``DirectPartitionCommitProtocol.take``): per
+    folder, each file's name, size and modification time; taken, so forgotten there.
+    A folder missing here (no task reported a file into it, or a jar without ``take``)
+    is listed by ``files_in``."""
+    wanted = list(folders)
+    if not wanted:
+        return {}
+    try:
+        protocol = spark._jvm
+        for part in DIRECT_COMMIT_CLASS.split("."):
+            protocol = getattr(protocol, part)
+        text = protocol.take("\n".join(wanted))
+    except Exception as exc:  # (an older jar: the folders are listed)
+        log.warning("write.reported_unavailable", error=str(exc).splitlines()[0][:200])
+        return {}
+    out: dict[str, Reported] = {}
+    for line in text.splitlines():
+        folder, name, size, modified = line.split("\t")
+        out.setdefault(folder, []).append((name, int(size), int(modified)))
+    return out

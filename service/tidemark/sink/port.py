@@ -233,9 +233,16 @@ class ChangelogTable(Protocol):
 
     def file_at(self, rel_path: str) -> DataFile: ...
 
-    def files_in(self, rel_dir: str, known: tuple[int, str] | None = None) -> list[DataFile]:
+    def files_in(
+        self,
+        rel_dir: str,
+        known: tuple[int, str] | None = None,
+        reported: Sequence[tuple[str, int, int]] | None = None,
+    ) -> list[DataFile]:
         """The data files written under ``rel_dir`` (``known``: the row count and stats
-        of all of them together, when the writer knows them: ``files.arrow_stats``)."""
+        of all of them together, when the writer knows them: ``files.arrow_stats``;
+        ``reported``: each file's name, size and modification time (ms) as the writer
+        reported them on an object store, so that the folder is not listed)."""
 
     def delete_files(self, files: Sequence[DataFile]) -> None:
         """Remove files no commit names (a failed job's output)."""

@@ -78,10 +78,10 @@ def compact_changelog(
         rel, folder = changelog.new_batch_dir()
         files = max(1, -(-rows_before // 2_000_000))
         # (on an object store in place: no _temporary folder, no renames)
-        write_files(
+        reported = write_files(
             spark, frame.where(F.col(LSN) > F.lit(boundary)).coalesce(files), changelog, folder
         )
-        added = changelog.files_in(rel)
+        added = changelog.files_in(rel, reported=reported)
     removed = [(f.path, f.size) for f in old]
     try:
         changelog.retention_commit(removed, added, boundary)

@@ -33,9 +33,9 @@ import pyarrow as pa
 import structlog
 
 from tidemark.errors import SinkError
-from tidemark.jvm import DIRECT_COLUMN
+from tidemark.jvm import DIRECT_COLUMN, DIRECT_REPORT
 from tidemark.sink.files import DataFile, arrow_stats
-from tidemark.sink.folder import write_files, writes_in_place
+from tidemark.sink.folder import Reported, take_reported, write_files, writes_in_place
 from tidemark.sink.port import ChangelogTable
 from tidemark.sink.schema import COMMIT_TS, LSN, OP, ColumnSpec, spark_schema, table_schema
 from tidemark.spark import arrow_parts, is_connect, readable_path
@@ -88,11 +88,13 @@ def write_arrow(
         check_column_types(table, schema)
     rel, folder = table.new_batch_dir()
     scratch = table.spool_path / table.new_spool_dir()[0]
+    reported: Reported | None = None
     with arrow_frames(spark, arrow, spark_schema(schema), scratch) as frames:
         for rows, frame in frames:
             files = max(1, -(-rows // ROWS_PER_FILE))
-            write_files(spark, frame.coalesce(files), table, folder)
-    return table.files_in(rel)
+            written = write_files(spark, frame.coalesce(files), table, folder)
+            reported = None if written is None else [*(reported or []), *written]
+    return table.files_in(rel, reported=reported)
 
 
 @contextmanager
@@ -224,8 +226,8 @@ def rewrite_spooled(
     files = max(1, -(-txn.rows // ROWS_PER_FILE))
     if spread:
         files = max(files, min(len(txn.files), default_parallelism(spark)))
-    write_files(spark, frame.select(*target.fieldNames()).coalesce(files), table, folder)
-    return table.files_in(rel)
+    reported = write_files(spark, frame.select(*target.fieldNames()).coalesce(files), table, folder)
+    return table.files_in(rel, reported=reported)
 
 
 def check_column_types(table: ChangelogTable, schema: pa.Schema) -> None:
@@ -448,12 +450,14 @@ def write_round(
         ready: list[int] = []
         folders: dict[int, str] = {}  # direct: the member's data/<uuid> folder
         known: dict[int, tuple[int, str]] = {}  # on an object store: what it will hold
+        targets: dict[int, str] = {}  # on an object store: the folder's URI
         for i, arrow in _convert(members, indexes, results):
             m = members[i]
             if direct:
+                folders[i], target = m.table.new_batch_dir()
                 if m.table.remote:
                     known[i] = arrow_stats(arrow)
-                folders[i], target = m.table.new_batch_dir()
+                    targets[i] = str(target)
                 value = pa.repeat(pa.scalar(str(target), pa.string()), arrow.num_rows)
             else:
                 value = pa.repeat(pa.scalar(i, pa.int32()), arrow.num_rows)
@@ -465,11 +469,22 @@ def write_round(
             started = time.perf_counter()
             remote = any(members[i].table.remote for i in ready)
             schema = members[ready[0]].schema
-            written = _write_partitioned(spark, parts, schema, staging, column, remote)
+            try:
+                written = _write_partitioned(spark, parts, schema, staging, column, remote)
+            finally:
+                reported = take_reported(spark, targets.values())  # (also when it failed)
             spark_s = time.perf_counter() - started
             if direct:
                 found = _found_in_place(
-                    [(members[i].table, folders[i], known.get(i)) for i in ready]
+                    [
+                        (
+                            members[i].table,
+                            folders[i],
+                            known.get(i),
+                            reported.get(targets.get(i, "")),
+                        )
+                        for i in ready
+                    ]
                 )
             log.debug(
                 "round.layout_written",
@@ -568,6 +583,8 @@ def _write_partitioned(
                 writer = writer.option("compression", codec)
             if remote:
                 writer = writer.option("parquet.block.size", str(REMOTE_ROW_GROUP_BYTES))
+                # the tasks report the files they write (taken by ``take_reported``)
+                writer = writer.option(DIRECT_REPORT, "true")
             writer.parquet(str(folder))
     return folder
 
@@ -596,17 +613,23 @@ def round_codec(nbytes: int, members: int) -> str | None:
 
 
 def _found_in_place(
-    members: Sequence[tuple[ChangelogTable, str, tuple[int, str] | None]],
+    members: Sequence[tuple[ChangelogTable, str, tuple[int, str] | None, Reported | None]],
 ) -> list[list[DataFile]]:
     """The files a round's tasks wrote into each member's ``data/<uuid>`` folder. On an
-    object store each member's listing is a request: the members' run at once
-    (``LISTING_THREADS``), so a round waits about one listing's latency, not one per
-    shape; and a member's rows went to one file (the round partitions by member), so
-    its row count and stats are known (``arrow_stats``): no footer is read back."""
-    if len(members) < 2 or not any(table.remote for table, _, _ in members):
-        return [table.files_in(rel, known) for table, rel, known in members]
-    with ThreadPoolExecutor(min(LISTING_THREADS, len(members))) as pool:
-        return list(pool.map(lambda member: member[0].files_in(member[1], member[2]), members))
+    object store, as the tasks reported them (``take_reported``); a member they did not
+    report is listed, a request each: those run at once (``LISTING_THREADS``). A
+    member's rows went to one file (the round partitions by member), so its row count
+    and stats are known (``arrow_stats``): no footer is read back."""
+
+    def found(member: tuple[ChangelogTable, str, tuple[int, str] | None, Reported | None]) -> Any:
+        table, rel, known, reported = member
+        return table.files_in(rel, known, reported)
+
+    listed = sum(1 for table, _, _, reported in members if table.remote and reported is None)
+    if listed < 2:
+        return [found(member) for member in members]
+    with ThreadPoolExecutor(min(LISTING_THREADS, listed)) as pool:
+        return list(pool.map(found, members))
 
 
 LISTING_THREADS = 64
