@@ -88,12 +88,14 @@ def write_arrow(
         check_column_types(table, schema)
     rel, folder = table.new_batch_dir()
     scratch = table.spool_path / table.new_spool_dir()[0]
-    reported: Reported | None = None
+    written: list[Reported | None] = []
     with arrow_frames(spark, arrow, spark_schema(schema), scratch) as frames:
         for rows, frame in frames:
             files = max(1, -(-rows // ROWS_PER_FILE))
-            written = write_files(spark, frame.coalesce(files), table, folder)
-            reported = None if written is None else [*(reported or []), *written]
+            written.append(write_files(spark, frame.coalesce(files), table, folder))
+    # the folder is listed unless every job's files were reported
+    whole = bool(written) and all(w is not None for w in written)
+    reported = [f for w in written for f in w or ()] if whole else None
     return table.files_in(rel, reported=reported)
 
 
