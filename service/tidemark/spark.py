@@ -386,6 +386,15 @@ def configure_s3a(spark: Any, bucket: str, hadoop: Mapping[str, str]) -> None:
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     for key, value in hadoop.items():
         conf.set(key.replace("fs.s3a.", f"fs.s3a.bucket.{bucket}.", 1), value)
+    # S3A, keeping the sizes of the files a round writes into tables' folders (no HEAD
+    # request per file afterwards: tidemark/jvm/SizedS3AFileSystem.java), where tidemark's
+    # jar is the session's (local mode); for the buckets first opened from now on
+    # (Hadoop keeps each bucket's file system)
+    from tidemark import jvm
+
+    direct = spark.sparkContext.getConf().get("spark.sql.sources.commitProtocolClass", "")
+    if direct == jvm.DIRECT_COMMIT_CLASS:
+        conf.set("fs.s3a.impl", jvm.SIZED_S3A_CLASS)
 
 
 # task slots of a local session writing to an object store: a write task waits on the

@@ -221,6 +221,52 @@ def s3a_counter(spark: Any, name: str) -> int:
     return int(fs.getIOStatistics().counters().get(name) or 0)
 
 
+def test_the_files_a_round_writes_are_described_without_asking_the_store(
+    spark: Any, store: tuple[S3Server, Proxy], proxy: Proxy, tmp_path: Path
+) -> None:
+    """A round's write into tables' folders on S3 (tidemark's commit protocol, with the
+    report): each file's size is what the task wrote through S3A, kept by tidemark's S3A
+    file system, so neither Spark's write statistics nor the report sends a HEAD per file
+    (before: two). The sizes reported are the objects' sizes on the server."""
+    from tidemark.jvm import DIRECT_COLUMN, DIRECT_REPORT, SIZED_S3A_CLASS
+    from tidemark.sink.folder import take_reported
+    from tidemark.spark import configure_s3a
+
+    server, _ = store
+    configure_s3a(spark, BUCKET, objectstore.S3Access(**s3_settings(server, proxy)).hadoop_conf())
+    root = f"s3://{BUCKET}/sized-{secrets.token_hex(3)}"
+    folders = [
+        objectstore.s3a(objectstore.join(root, "tables", f"t{k}", "data", f"f{k}"))
+        for k in range(12)
+    ]
+    rows = [(i, "x" * (i % 50), folders[i % len(folders)]) for i in range(1200)]
+    frame = spark.createDataFrame(rows, f"id long, note string, {DIRECT_COLUMN} string")
+    heads = s3a_counter(spark, "object_metadata_request")
+    frame.repartition(3).write.partitionBy(DIRECT_COLUMN).mode("append").option(
+        DIRECT_REPORT, "true"
+    ).parquet(str(tmp_path / "scratch"))
+    asked = s3a_counter(spark, "object_metadata_request") - heads
+    reported = take_reported(spark, folders)
+
+    fs = spark._jvm.org.apache.hadoop.fs.FileSystem.get(
+        spark._jvm.java.net.URI(f"s3a://{BUCKET}/"), spark._jsc.hadoopConfiguration()
+    )
+    assert fs.getClass().getName() == SIZED_S3A_CLASS
+    on_server = store_listing(server, root)
+    files = {
+        f"tables/t{k}/data/f{k}/{name}": size
+        for k, folder in enumerate(folders)
+        for name, size, _ in reported.get(folder, [])
+    }
+    # every file the tasks wrote is reported, with the size the server has
+    assert sorted(files) == sorted(k for k in on_server if k.endswith(".parquet"))
+    assert files == {k: on_server[k][0] for k in files}
+    assert len(files) >= len(folders)
+    # no HEAD at all (before: two per file, 72 for these 36)
+    assert asked == 0, (asked, len(files))
+    assert take_reported(spark, folders) == {}  # (taken: forgotten there)
+
+
 async def test_a_delta_root_on_s3_equals_postgres(
     pg_db: PgDatabase,
     spark: Any,

@@ -71,6 +71,9 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
           taskFiles = new ArrayList<>();
         }
         taskFiles.add(new String[] {folder, name});
+        String path = new Path(folder, name).toString();
+        Sizes.expect(path);
+        return path;
       }
       return new Path(folder, name).toString();
     }
@@ -84,11 +87,13 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
       try {
         for (String[] file : taskFiles) {
           Path path = new Path(file[0], file[1]);
-          FileStatus status =
-              path.getFileSystem(taskContext.getConfiguration()).getFileStatus(path);
-          WRITTEN
-              .computeIfAbsent(file[0], k -> new ConcurrentHashMap<>())
-              .put(file[1], new long[] {status.getLen(), status.getModificationTime()});
+          long[] written = Sizes.written(path.toString());
+          if (written == null) { // (S3A's own file system: ask the store)
+            FileStatus status =
+                path.getFileSystem(taskContext.getConfiguration()).getFileStatus(path);
+            written = new long[] {status.getLen(), status.getModificationTime()};
+          }
+          WRITTEN.computeIfAbsent(file[0], k -> new ConcurrentHashMap<>()).put(file[1], written);
         }
       } catch (IOException e) {
         throw new UncheckedIOException(e);
@@ -97,6 +102,20 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
       }
     }
     return message;
+  }
+
+  @Override
+  public void abortTask(TaskAttemptContext taskContext) {
+    try {
+      super.abortTask(taskContext);
+    } finally {
+      if (taskFiles != null) {
+        for (String[] file : taskFiles) {
+          Sizes.forget(new Path(file[0], file[1]).toString());
+        }
+        taskFiles = null;
+      }
+    }
   }
 
   /**
@@ -112,11 +131,49 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
         continue;
       }
       for (Map.Entry<String, long[]> file : files.entrySet()) {
+        Sizes.forget(new Path(folder, file.getKey()).toString());
         out.append(folder).append('\t').append(file.getKey()).append('\t');
         out.append(file.getValue()[0]).append('\t').append(file.getValue()[1]).append('\n');
       }
     }
     return out.toString();
+  }
+
+  /**
+   * The sizes of the files the tasks of a reporting write create, as SizedS3AFileSystem
+   * (S3A's file system, when it is the session's) sees them written: kept from the file's
+   * creation until the report is taken or the task aborts, so that neither Spark's write
+   * statistics nor the report ask the store for them. (Here, not in that class: this one
+   * is loaded without S3A's jars.)
+   */
+  static final class Sizes {
+    private static final long[] UNKNOWN = new long[0];
+    private static final Map<String, long[]> SIZES = new ConcurrentHashMap<>();
+
+    private Sizes() {}
+
+    static void expect(String path) {
+      SIZES.put(path, UNKNOWN);
+    }
+
+    /** A stream is created for {@code path}: whether its size is to be kept at its close. */
+    static boolean creating(String path) {
+      return SIZES.replace(path, UNKNOWN) != null;
+    }
+
+    static void closed(String path, long size) {
+      SIZES.computeIfPresent(path, (k, v) -> new long[] {size, System.currentTimeMillis()});
+    }
+
+    /** {size, modified-ms} of {@code path} as written, or null. */
+    static long[] written(String path) {
+      long[] found = SIZES.get(path);
+      return found == null || found.length == 0 ? null : found;
+    }
+
+    static void forget(String path) {
+      SIZES.remove(path);
+    }
   }
 
   /** Whether a member's folder is on an object store (not on this machine's disks). */

@@ -13,6 +13,11 @@ tidemark starts in local mode uses both classes (``tidemark.spark.local_mode_con
   job commit, no move by tidemark afterwards); on an object store, a write with the
   option ``DIRECT_REPORT`` has its tasks report the files they wrote, so tidemark
   lists no folder to find them (``sink.folder.take_reported``).
+* ``tidemark.hadoop.SizedS3AFileSystem`` (``SizedS3AFileSystem.java``): S3A's file
+  system (``fs.s3a.impl`` of a session with an ``s3://`` root), except that it keeps
+  the size of each file such a write creates as the task wrote it, so that neither
+  Spark's write statistics nor the report ask the store for it (two HEAD requests a
+  file).
 * ``tidemark.iceberg.IcebergStreamCommits`` (``IcebergStreamCommits.java``, with
   ``SyncedFileIO.java``): the stream commits of Iceberg changelogs with Iceberg's Java
   library (``tidemark.sink.iceberg.jvm``), when Iceberg's jars are there
@@ -31,6 +36,7 @@ SOURCES = tuple(
     for name in (
         "NioLocalFileSystem.java",
         "DirectPartitionCommitProtocol.java",
+        "SizedS3AFileSystem.java",
         "IcebergStreamCommits.java",
         "SyncedFileIO.java",
     )
@@ -39,6 +45,7 @@ LOCAL_FS_CLASS = "tidemark.hadoop.NioLocalFileSystem"
 DIRECT_COMMIT_CLASS = "tidemark.hadoop.DirectPartitionCommitProtocol"
 DIRECT_COLUMN = "_tm_dest"  # DirectPartitionCommitProtocol.COLUMN
 DIRECT_REPORT = "tidemark.direct.report"  # DirectPartitionCommitProtocol.REPORT
+SIZED_S3A_CLASS = "tidemark.hadoop.SizedS3AFileSystem"
 
 
 ICEBERG_CLASS = "tidemark.iceberg.IcebergStreamCommits"
@@ -46,8 +53,8 @@ ICEBERG_JARS = "iceberg"  # the folder of Iceberg's jars in the jar folder (jars
 
 
 def compile_classpath(jars: Path) -> str:
-    """The jars of the installed pyspark (Hadoop's and Spark's API) and Iceberg's (in
-    ``jars``/iceberg), to compile against."""
+    """The jars of the installed pyspark (Hadoop's and Spark's API), Iceberg's (in
+    ``jars``/iceberg) and S3A's (in ``jars``), to compile against."""
     import pyspark
 
     folder = os.path.join(os.path.dirname(pyspark.__file__), "jars")
@@ -56,4 +63,7 @@ def compile_classpath(jars: Path) -> str:
     iceberg = jars / ICEBERG_JARS
     if not glob.glob(str(iceberg / "iceberg-core-*.jar")):
         raise FileNotFoundError(f"{iceberg} has no iceberg-core jar: run `make setup`")
-    return os.pathsep.join([os.path.join(folder, "*"), str(iceberg / "*")])
+    s3a = sorted(jars.glob("hadoop-aws-*.jar"))
+    if not s3a:
+        raise FileNotFoundError(f"{jars} has no hadoop-aws jar: run `make objectstore`")
+    return os.pathsep.join([os.path.join(folder, "*"), str(iceberg / "*"), str(s3a[-1])])
