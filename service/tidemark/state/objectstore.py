@@ -173,7 +173,7 @@ class S3Access:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        return boto3.client(
+        client = boto3.client(
             "s3",
             endpoint_url=self.endpoint or None,
             region_name=self.region,
@@ -182,6 +182,9 @@ class S3Access:
             aws_session_token=token or None,
             config=config,
         )
+        # (after botocore's own handler of the same event, which adds the header)
+        client.meta.events.register_last("before-call.s3", _send_body_at_once)
+        return client
 
     def hadoop_conf(self) -> dict[str, str]:
         """S3A's settings for this store (``spark.hadoop.`` keys). The secret is in
@@ -430,6 +433,15 @@ def _head_tag(uri: str) -> str:
         raise _failed("look at", uri, exc) from None
     except BotoCoreError as exc:
         raise _failed("look at", uri, exc) from None
+
+
+def _send_body_at_once(model: Any, params: dict[str, Any], **_: Any) -> None:
+    """A PUT of an object sends its body with its headers: botocore asks the store to
+    accept the headers first (``Expect: 100-continue``) for any body, a round trip
+    more before the body goes, which only pays for a body too large to send in vain.
+    tidemark's PUTs (log entries, state files, checkpoints) are bytes in memory."""
+    if model.name == "PutObject":
+        params.get("headers", {}).pop("Expect", None)
 
 
 def _put(uri: str, data: bytes, condition: dict[str, str]) -> str | None:
