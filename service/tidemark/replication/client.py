@@ -324,7 +324,11 @@ class ReplicationClient:
         history = await timeline_history(repl, ident[1])
         observed = observed_stream(ident, cfg.slot, state, history)
         if self.guard is not None:
-            self.guard.check(observed)  # before a slot is created over a gap
+            # before a slot is created over a gap; off the event loop, as a new timeline
+            # is written to stream.json: a write there waits for the leader lease to be
+            # confirmed again (a failover suspends it, and the lease's task runs on the
+            # loop), where on the loop it would fail at once and stop the service
+            await asyncio.to_thread(self.guard.check, observed)
         if state is None:
             if reconnect or self.start_lsn is not None:
                 raise SlotLostError(
