@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
-from tidemark.state import objectstore
+from tidemark.state import objectstore, s3put
 from tidemark.state.objectstore import S3Access, StoreConflict, StoreUnavailable
 
 from .object_store_support import (
@@ -192,6 +193,47 @@ def test_a_retried_put_whose_reply_was_lost_is_taken_as_made(
     assert outcome == [True]
     assert looked == [entry]  # the retry was refused (412) and the stored bytes compared
     assert objectstore.read(entry) == b"the entry"
+
+
+def botocore_puts() -> list[str]:
+    """The keys botocore's client is asked to PUT from now on (tidemark's fallback)."""
+    made: list[str] = []
+    objectstore._STORE.client().meta.events.register(
+        "before-call.s3.PutObject", lambda params, **_: made.append(params["url_path"])
+    )
+    return made
+
+
+def test_puts_go_direct_and_a_store_refusing_them_gets_botocores(
+    store: tuple[S3Server, Proxy], proxy: Proxy
+) -> None:
+    """Log entries and state files are PUT as tidemark signs them (``s3put``), botocore's
+    client making none. A store that answers a direct PUT with an error and takes
+    botocore's PUT of the same object gets the PUT from botocore, once, and no direct
+    PUT again; the object is written once."""
+    server = store[0]
+    made = botocore_puts()
+    entry = uri("_delta_log/00000000000000000000.json")
+    assert objectstore.put_if_absent(entry, b"v0")
+    assert not objectstore.put_if_absent(entry, b"other")
+    state = uri("_tidemark/frontiers.json")
+    objectstore.replace(state, "one")
+    objectstore.replace(state, "two")
+    assert (made, objectstore.read(entry), objectstore.read(state)) == ([], b"v0", b"two")
+
+    # what the store would say to a signer it does not understand: here, a wrong secret
+    direct = objectstore._STORE.direct()
+    direct._credentials = s3put.Credentials(server.identity, "not-the-secret")
+    direct._keys.clear()  # (the signing key made from the right one)
+    entry = uri("_delta_log/00000000000000000001.json")
+    with capture_logs() as logs:
+        assert objectstore.put_if_absent(entry, b"v1")
+    assert len(made) == 1 and not direct.enabled
+    assert [e["event"] for e in logs] == ["objectstore.direct_puts_off"]
+    assert "403" in logs[0]["direct_reply"]
+    objectstore.replace(state, "three")  # (botocore's now)
+    assert len(made) == 2
+    assert (objectstore.read(entry), objectstore.read(state)) == (b"v1", b"three")
 
 
 def test_a_partition_fails_with_a_clear_message_and_heals(proxy: Proxy) -> None:

@@ -267,6 +267,50 @@ def test_the_files_a_round_writes_are_described_without_asking_the_store(
     assert take_reported(spark, folders) == {}  # (taken: forgotten there)
 
 
+def test_a_write_whose_uploads_fail_fails_and_reports_no_file(
+    spark: Any, store: tuple[S3Server, Proxy], faults: HttpFaults, tmp_path: Path
+) -> None:
+    """A task does not wait for the upload of a file it closes (tidemark's S3A file
+    system uploads it beside the task), but it commits only once every upload of its
+    files returned: when the store refuses them, the write fails and no file is
+    reported, so no commit can name a file the store does not hold."""
+    from tidemark.jvm import DIRECT_COLUMN, DIRECT_REPORT
+    from tidemark.sink.folder import take_reported
+    from tidemark.spark import configure_s3a
+
+    server, proxy = store
+    bucket = f"refusing-{secrets.token_hex(3)}"  # (S3A keeps a file system per bucket)
+    s3_client(server.endpoint).create_bucket(Bucket=bucket)
+    through_faults = {**s3_settings(server, proxy), "endpoint": faults.endpoint}
+    configure_s3a(spark, bucket, objectstore.S3Access(**through_faults).hadoop_conf())
+    folders = [objectstore.s3a(f"s3://{bucket}/t{k}/data/f{k}") for k in range(6)]
+    rows = [(i, folders[i % len(folders)]) for i in range(60)]
+    frame = spark.createDataFrame(rows, f"id long, {DIRECT_COLUMN} string")
+    writer = frame.coalesce(1).write.partitionBy(DIRECT_COLUMN).mode("append")
+    faults.refuse(403, "AccessDenied", methods=("PUT",))
+    try:
+        with pytest.raises(Exception, match=r"AccessDenied|403"):
+            writer.option(DIRECT_REPORT, "true").parquet(str(tmp_path / "refused"))
+        assert faults.counts()["made"].get("403", 0) >= 1
+    finally:
+        faults.clear()
+    assert take_reported(spark, folders) == {}
+    # the store taking PUTs again, the same write passes and reports each file it holds
+    frame.coalesce(1).write.partitionBy(DIRECT_COLUMN).mode("append").option(
+        DIRECT_REPORT, "true"
+    ).parquet(str(tmp_path / "taken"))
+    reported = take_reported(spark, folders)
+    assert sorted(reported) == sorted(folders)
+    held = {
+        o["Key"]: o["Size"]
+        for o in s3_client(server.endpoint).list_objects_v2(Bucket=bucket).get("Contents", [])
+    }
+    for folder, files in reported.items():
+        prefix = folder.split("/", 3)[3]
+        for name, size, _ in files:
+            assert held[f"{prefix}/{name}"] == size
+
+
 async def test_a_delta_root_on_s3_equals_postgres(
     pg_db: PgDatabase,
     spark: Any,

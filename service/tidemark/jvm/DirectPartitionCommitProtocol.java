@@ -23,18 +23,23 @@
  * tidemark takes the report after the job (`take`, also after a failed one) and
  * describes the files without listing each member's folder (a request and its Python
  * per shape: 1.2-1.75 s of a round of 450 shapes on S3). In local mode the tasks run
- * in the driver's JVM, so a static table carries the report to the driver.
+ * in the driver's JVM, so a static table carries the report to the driver. A task
+ * commits only once the uploads its files' closes started have returned
+ * (SizedS3AFileSystem uploads beside the task): a failed one fails the task.
  *
  * Built into tidemark-jvm.jar next to this file by `make jvm`.
  */
 package tidemark.hadoop;
 
 import java.io.IOException;
+import java.io.InterruptedIOException;
 import java.io.UncheckedIOException;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Future;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.mapreduce.TaskAttemptContext;
@@ -82,6 +87,15 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
 
   @Override
   public FileCommitProtocol.TaskCommitMessage commitTask(TaskAttemptContext taskContext) {
+    if (taskFiles != null) {
+      try { // every upload of the task's files returned (SizedS3AFileSystem's closes)
+        for (String[] file : taskFiles) {
+          Sizes.uploaded(new Path(file[0], file[1]).toString());
+        }
+      } catch (IOException e) {
+        throw new UncheckedIOException(e);
+      }
+    }
     FileCommitProtocol.TaskCommitMessage message = super.commitTask(taskContext);
     if (taskFiles != null) {
       try {
@@ -111,7 +125,13 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
     } finally {
       if (taskFiles != null) {
         for (String[] file : taskFiles) {
-          Sizes.forget(new Path(file[0], file[1]).toString());
+          String path = new Path(file[0], file[1]).toString();
+          try { // (no upload of this attempt lands after a next attempt's)
+            Sizes.uploaded(path);
+          } catch (IOException e) {
+            // the attempt failed anyway
+          }
+          Sizes.forget(path);
         }
         taskFiles = null;
       }
@@ -149,6 +169,7 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
   static final class Sizes {
     private static final long[] UNKNOWN = new long[0];
     private static final Map<String, long[]> SIZES = new ConcurrentHashMap<>();
+    private static final Map<String, Future<?>> UPLOADS = new ConcurrentHashMap<>();
 
     private Sizes() {}
 
@@ -161,8 +182,28 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
       return SIZES.replace(path, UNKNOWN) != null;
     }
 
-    static void closed(String path, long size) {
+    /** Its stream closed after {@code size} bytes; {@code upload} completes its PUT. */
+    static void closed(String path, long size, Future<?> upload) {
+      UPLOADS.put(path, upload);
       SIZES.computeIfPresent(path, (k, v) -> new long[] {size, System.currentTimeMillis()});
+    }
+
+    /** Waits until the upload of {@code path} started at its close returned; its failure. */
+    static void uploaded(String path) throws IOException {
+      Future<?> upload = UPLOADS.remove(path);
+      if (upload == null) {
+        return;
+      }
+      try {
+        upload.get();
+      } catch (ExecutionException e) {
+        SIZES.remove(path);
+        Throwable cause = e.getCause();
+        throw cause instanceof IOException io ? io : new IOException(cause);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new InterruptedIOException("waiting for the upload of " + path);
+      }
     }
 
     /** {size, modified-ms} of {@code path} as written, or null. */
@@ -173,6 +214,7 @@ public class DirectPartitionCommitProtocol extends SQLHadoopMapReduceCommitProto
 
     static void forget(String path) {
       SIZES.remove(path);
+      UPLOADS.remove(path);
     }
   }
 

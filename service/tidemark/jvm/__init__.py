@@ -1,5 +1,6 @@
 """tidemark's Java side, built into ``tidemark-jvm.jar`` (``make jvm``); a Spark session
-tidemark starts in local mode uses both classes (``tidemark.spark.local_mode_conf``):
+tidemark starts in local mode uses these classes (``tidemark.spark.local_mode_conf``;
+the S3A and Iceberg ones where their jars are there):
 
 * ``tidemark.hadoop.NioLocalFileSystem`` (``NioLocalFileSystem.java``): Hadoop's
   ``RawLocalFileSystem`` with permissions set through ``java.nio`` instead of a
@@ -17,7 +18,8 @@ tidemark starts in local mode uses both classes (``tidemark.spark.local_mode_con
   system (``fs.s3a.impl`` of a session with an ``s3://`` root), except that it keeps
   the size of each file such a write creates as the task wrote it, so that neither
   Spark's write statistics nor the report ask the store for it (two HEAD requests a
-  file).
+  file), and uploads each such file beside the task that closed it (the task commits
+  once they all returned).
 * ``tidemark.iceberg.IcebergStreamCommits`` (``IcebergStreamCommits.java``, with
   ``SyncedFileIO.java``): the stream commits of Iceberg changelogs with Iceberg's Java
   library (``tidemark.sink.iceberg.jvm``), when Iceberg's jars are there
