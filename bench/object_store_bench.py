@@ -16,7 +16,8 @@ leave it out) on local disk and then on the store: the throughput to acknowledge
 both and their ratio (issue 52's goal: at least 0.67x).
 
 Usage: ``python -m bench object-store`` (N = 100, 1000; ``TIDEMARK_BENCH_SHAPES`` to
-choose).
+choose; ``TIDEMARK_BENCH_S3_SERVER=versitygw`` for the tests' other server instead of
+S3Proxy).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def _s3a_counters(spark: Any) -> dict[str, int]:
     return {name: int(counters.get(name) or 0) for name in wanted}
 
 
+SERVER_NAMES = {"s3proxy": "S3Proxy", "versitygw": "versitygw"}
+
+
 def main() -> list[dict[str, float]]:
     from tests.integration.object_store_support import object_store
 
@@ -67,9 +71,11 @@ def main() -> list[dict[str, float]]:
     from tidemark.state import objectstore
 
     counts = [int(n) for n in os.environ.get("TIDEMARK_BENCH_SHAPES", "100,1000").split(",") if n]
+    kind = os.environ.get("TIDEMARK_BENCH_S3_SERVER", "s3proxy")
     print(
         f"== object-store: the shapes workload with Delta tables on local disk, then on "
-        f"S3Proxy behind Toxiproxy (+{LATENCY_MS} ms a reply), one Spark session =="
+        f"{SERVER_NAMES[kind]} behind Toxiproxy (+{LATENCY_MS} ms a reply), one Spark "
+        "session =="
     )
     # the master tidemark runs with on an object store (local[32]: tidemark.spark
     # .object_store_master), for the disk run too: one session, one JVM
@@ -77,7 +83,7 @@ def main() -> list[dict[str, float]]:
     spark.createDataFrame([(1,)], "a int").collect()  # warm the JVM
     results: list[dict[str, float]] = []
     workdir = Path(tempfile.mkdtemp(prefix="tidemark-bench-s3-"))
-    with object_store(workdir, BUCKET) as (server, proxy), EmbeddedPostgres() as pg:
+    with object_store(workdir, BUCKET, kind) as (server, proxy), EmbeddedPostgres() as pg:
         proxy.latency(LATENCY_MS)
         s3 = {
             "endpoint": proxy.endpoint,
