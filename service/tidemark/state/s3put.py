@@ -25,7 +25,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import http.client
+import ipaddress
 import re
+import socket
 import ssl
 import threading
 import time
@@ -115,6 +117,14 @@ def sign(
     return signed
 
 
+def _is_ip(host: str | None) -> bool:
+    try:
+        ipaddress.ip_address(host or "")
+    except ValueError:
+        return False
+    return True
+
+
 class DirectPuts:
     """PUTs to one store (its endpoint, or AWS's in ``region``), each thread over a
     connection of its own, kept between PUTs."""
@@ -136,7 +146,9 @@ class DirectPuts:
             self._base = parts.path.rstrip("/")
         else:
             self._https, self._host, self._base = True, f"s3.{region}.amazonaws.com", ""
-        self._path_style = path_style
+        # (an endpoint named by its IP address has no host names for buckets: botocore
+        # addresses it by path whatever the setting, and so does this)
+        self._path_style = path_style or _is_ip(parts.hostname if endpoint else None)
         self._region = region
         self._credentials = credentials
         self._timeouts = (connect_timeout_s, read_timeout_s)
@@ -173,9 +185,11 @@ class DirectPuts:
             connection.request("PUT", path, body=body, headers=headers)
             reply = connection.getresponse()
             reply.read()
-        except ssl.SSLCertVerificationError as exc:
+        except (ssl.SSLCertVerificationError, socket.gaierror) as exc:
+            # the store's certificate, or a bucket's host name, that botocore may see
+            # otherwise (its own certificates, its own addressing): never better here
             self._drop()
-            raise Unsettled(f"TLS: {exc}", replied=True) from None  # (never better)
+            raise Unsettled(f"{type(exc).__name__}: {exc}", replied=True) from None
         except (OSError, http.client.HTTPException) as exc:
             self._drop()
             raise Unsettled(f"{type(exc).__name__}: {exc}", replied=False) from None

@@ -69,39 +69,48 @@ def test_the_days_signing_key_is_made_once_and_kept_per_day() -> None:
     assert sorted(cache) == [("20261130", "us-east-1"), ("20261201", "us-east-1")]
 
 
-@pytest.mark.parametrize(
-    ("bucket", "path_style", "served"),
-    [
-        ("lake", False, True),
-        ("my.dotted.bucket", False, False),  # (not one label of a host name)
-        ("my.dotted.bucket", True, True),
-        ("Upper", False, False),
-    ],
-)
-def test_which_buckets_take_direct_puts(bucket: str, path_style: bool, served: bool) -> None:
-    puts = s3put.DirectPuts(
-        "http://127.0.0.1:9",
+def puts_to(endpoint: str, path_style: bool) -> s3put.DirectPuts:
+    return s3put.DirectPuts(
+        endpoint,
         "us-east-1",
         path_style,
         s3put.Credentials("k", "s"),
         connect_timeout_s=1,
         read_timeout_s=1,
     )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "bucket", "path_style", "served"),
+    [
+        ("http://s3.example.test", "lake", False, True),
+        ("http://s3.example.test", "my.dotted.bucket", False, False),  # (not a host label)
+        ("http://s3.example.test", "my.dotted.bucket", True, True),
+        ("http://s3.example.test", "Upper", False, False),
+        ("http://127.0.0.1:9", "my.dotted.bucket", False, True),  # (an IP: by path)
+        ("", "lake", False, True),  # (AWS's own endpoint)
+    ],
+)
+def test_which_buckets_take_direct_puts(
+    endpoint: str, bucket: str, path_style: bool, served: bool
+) -> None:
+    puts = puts_to(endpoint, path_style)
     assert puts.serves(bucket) is served
     puts.enabled = False
     assert not puts.serves(bucket)
 
 
 def test_an_unreachable_store_leaves_the_put_unsettled() -> None:
-    """Nothing listens: the PUT is unsettled (to be made again), not failed or taken."""
-    puts = s3put.DirectPuts(
-        "http://127.0.0.1:9",
-        "us-east-1",
-        True,
-        s3put.Credentials("k", "s"),
-        connect_timeout_s=1,
-        read_timeout_s=1,
-    )
+    """Nothing listens: the PUT is unsettled (to be made again), not failed or taken;
+    a bucket's host name that does not resolve is a reply of sorts: the address is
+    tidemark's (botocore, making the PUT again, may address it otherwise)."""
     with pytest.raises(s3put.Unsettled) as caught:
-        puts.put("lake", "t/_delta_log/0.json", b"{}", {"if-none-match": "*"})
+        puts_to("http://127.0.0.1:9", True).put(
+            "lake", "t/_delta_log/0.json", b"{}", {"if-none-match": "*"}
+        )
     assert not caught.value.replied
+    with pytest.raises(s3put.Unsettled) as caught:
+        puts_to("http://no-such-host.invalid:9", False).put(
+            "lake", "t/_delta_log/0.json", b"{}", {"if-none-match": "*"}
+        )
+    assert caught.value.replied
