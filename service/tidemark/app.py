@@ -47,6 +47,7 @@ import signal
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,7 @@ from tidemark.status.readiness import (
 )
 from tidemark.stream.consumer import StreamConsumer
 from tidemark.upkeep import CurrentKeeper
-from tidemark.writers.job import CommitResult, needs_warm_up, warm_up
+from tidemark.writers.job import CommitResult, forget_warm_leftovers, needs_warm_up, warm_up
 from tidemark.writers.scheduler import FlushPolicy, FlushScheduler
 
 log = structlog.get_logger("tidemark.app")
@@ -121,6 +122,8 @@ AUDIT_EVERY_S = 30.0  # tables' transaction versions checked against the writers
 AUDIT_TABLES_PER_ROUND = 50
 # a deposed leader whose event loop has not stopped the service by then exits at once
 DEPOSED_EXIT_S = 15.0
+# a stopping service waits this long for a warm-up on an object store to delete its files
+WARM_STOP_WAIT_S = 20.0
 
 
 # commits of a round at once on an s3:// root (8 on disk): each is a few requests
@@ -329,10 +332,14 @@ class Service:
                 assert access is not None
                 bucket = objectstore.split(str(settings.sink.root))[0]
                 configure_s3a(self.spark, bucket, access.hadoop_conf())
-            warming = asyncio.create_task(self._warm_up(), name="warm-up")
+            remote = objectstore.is_remote(settings.sink.root)
+            if not remote:
+                warming = asyncio.create_task(self._warm_up(), name="warm-up")
             await asyncio.to_thread(
                 claim_root, settings.sink.root, settings.sink.format, settings.iceberg
             )
+            if remote:  # (once the store answered: its settings and bucket are right)
+                warming = asyncio.create_task(self._warm_up(), name="warm-up")
             if self.lease is None:
                 # no lease, no epoch: nothing is fenced (and nothing of an earlier
                 # service in this process, deposed or suspended, stays in force)
@@ -435,6 +442,11 @@ class Service:
         finally:
             self._warm_stop.set()
             if warming is not None:
+                if objectstore.is_remote(settings.sink.root):
+                    # its files are under the root: deleted before the service is done
+                    # (one round's write; bounded, as a store that hangs would hold it)
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(asyncio.shield(warming), WARM_STOP_WAIT_S)
                 warming.cancel()
                 await asyncio.gather(warming, return_exceptions=True)
             if self._deposed_exit is not None:  # (stopping on its own: no forced exit)
@@ -450,20 +462,35 @@ class Service:
     async def _warm_up(self) -> None:
         """Warm a fresh local JVM's write path in Spark's background pool while the
         service starts (``writers.job.warm_up``); a standby warms while it waits, so a
-        takeover meets the backlog with compiled code. Never a reason to stop."""
+        takeover meets the backlog with compiled code. A root on an object store is
+        warmed there, through S3A, under ``<root>/_tidemark/warm/<uuid>`` (deleted
+        after, and what a killed service left there after an hour). Never a reason
+        to stop."""
         spark = self.spark
-        if not self.settings.spark.warm_up or not needs_warm_up(spark):
+        root = self.settings.sink.root
+        remote = objectstore.is_remote(root)
+        if not self.settings.spark.warm_up or not needs_warm_up(spark, remote):
             return
         started = time.monotonic()
+        folder = None
         try:
+            if remote:
+                warm = objectstore.join(root, "_tidemark", "warm")
+                await asyncio.to_thread(forget_warm_leftovers, str(warm))
+                folder = str(objectstore.join(warm, str(uuid.uuid4())))
             scratch = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="tidemark-warm-"))
             rounds = await asyncio.to_thread(
-                in_background, spark, warm_up, spark, scratch, self._warm_stop
+                in_background, spark, warm_up, spark, scratch, self._warm_stop, remote=folder
             )
         except Exception as exc:  # only ever slower without it
             log.warning("spark.warm_up_failed", error=str(exc), type=type(exc).__name__)
             return
-        log.info("spark.warmed", rounds=rounds, seconds=round(time.monotonic() - started, 2))
+        log.info(
+            "spark.warmed",
+            rounds=rounds,
+            seconds=round(time.monotonic() - started, 2),
+            on="s3" if remote else "disk",
+        )
 
     async def _stand_by(self) -> bool:
         """Serve the API as a standby until the leader lease is ours (see tidemark.state.lease);

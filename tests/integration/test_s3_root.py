@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -29,12 +30,14 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
+from structlog.testing import capture_logs
 
 from tidemark import read
 from tidemark.demo.postgres import free_port
 from tidemark.demo.verify import compare_shape, normalise
 from tidemark.lsn import Lsn
 from tidemark.state import objectstore
+from tidemark.writers import job
 
 from .conftest import PgDatabase
 from .object_store_support import (
@@ -267,6 +270,59 @@ def test_the_files_a_round_writes_are_described_without_asking_the_store(
     assert take_reported(spark, folders) == {}  # (taken: forgotten there)
 
 
+def test_a_warm_up_on_s3_writes_a_round_in_place_under_the_root_and_deletes_it(
+    spark: Any,
+    store: tuple[S3Server, Proxy],
+    proxy: Proxy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A service on an S3 root warms S3A's write path (its client, its upload pool,
+    tidemark's commit protocol) at start: a made-up round written in place under
+    ``<root>/_tidemark/warm/<uuid>``, one folder per made-up table, deleted after. What a
+    killed service's warm-up left there goes at a later start, once an hour old."""
+    from tidemark.spark import configure_s3a
+
+    server, _ = store
+    access = objectstore.S3Access(**s3_settings(server, proxy))
+    configure_s3a(spark, BUCKET, access.hadoop_conf())
+    before = objectstore.s3_access()
+    objectstore.configure(access)
+    try:
+        root = f"s3://{BUCKET}/warm-{secrets.token_hex(3)}"
+        warm = str(objectstore.join(root, "_tidemark", "warm"))
+        # given what a killed service's warm-up left
+        left = str(objectstore.join(warm, "killed", "t0", "r0", "part-0.parquet"))
+        assert objectstore.put_if_absent(left, b"left")
+        # when a warm-up writes (its deletion held back, to look)
+        held: list[str] = []
+        monkeypatch.setattr(job, "_delete_below", lambda folder, *_: held.append(folder))
+        folder = str(objectstore.join(warm, "w1"))
+        (tmp_path / "scratch").mkdir()
+        stop = threading.Event()
+        assert job.warm_up(spark, tmp_path / "scratch", stop, 1, 3, 5, remote=folder) == 1
+        # then its files are on the store, a folder per made-up table, with their rows
+        written = objectstore.listing(folder)
+        assert sorted({f.name.split("/")[0] for f in written}) == ["t0", "t1", "t2"], written
+        assert all(f.name.endswith(".parquet") and f.size > 0 for f in written), written
+        back = spark.read.parquet(objectstore.s3a(objectstore.join(folder, "t1", "r0")))
+        assert back.count() == 5
+        assert held == [folder] and not (tmp_path / "scratch").exists()
+        assert not job.needs_warm_up(spark, remote=True)  # once per JVM
+        monkeypatch.undo()
+        job._delete_below(folder)
+        assert objectstore.listing(folder) == []
+        # and the leftover stays while it may be another instance's warm-up, still
+        # writing; once older than an hour, it goes
+        job.forget_warm_leftovers(warm)
+        assert [f.name for f in objectstore.listing(warm)] == ["killed/t0/r0/part-0.parquet"]
+        monkeypatch.setattr(job, "WARM_LEFTOVER_S", -60.0)  # (an hour passed)
+        job.forget_warm_leftovers(warm)
+        assert objectstore.listing(warm) == []
+    finally:
+        objectstore.configure(before)
+
+
 def test_a_write_whose_uploads_fail_fails_and_reports_no_file(
     spark: Any, store: tuple[S3Server, Proxy], faults: HttpFaults, tmp_path: Path
 ) -> None:
@@ -324,11 +380,18 @@ async def test_a_delta_root_on_s3_equals_postgres(
     await pg_db.aexecute(SCHEMA)
     await workload(pg_db, 1)  # before the start: the backfill's snapshot
     config = current_settings(pg_db, root, server, proxy)
-    async with running_service(config, spark) as service:
-        await workload(pg_db, 1000)
-        await wait_frontiers(service, current_lsn(pg_db.dsn))
-        ready, reasons = service.readiness()
-        assert ready, reasons
+    # (the suite's JVM taken for a fresh one: the service warms S3A's write path)
+    monkeypatch.setattr(job, "_WARMED", set())
+    with capture_logs() as logs:
+        async with running_service(config, spark) as service:
+            await workload(pg_db, 1000)
+            await wait_frontiers(service, current_lsn(pg_db.dsn))
+            ready, reasons = service.readiness()
+            assert ready, reasons
+    # it warmed on the store, and deleted what it wrote there before it was done
+    (warmed,) = [e for e in logs if e["event"] == "spark.warmed"]
+    assert warmed["on"] == "s3" and warmed["rounds"] == 1, warmed
+    assert objectstore.listing(objectstore.join(root, "_tidemark", "warm")) == []
     check_every_reader(spark, pg_db, root)
     check_current_tables(pg_db, root, server, proxy)
     # retention: the changelog rows the current tables hold folded are dropped, Spark

@@ -100,7 +100,7 @@ async def test_a_warm_up_that_fails_is_logged_and_the_stream_is_exact(
     def broken(*args: object, **kwargs: object) -> int:
         raise RuntimeError("made-up failure of the warm-up's write")
 
-    monkeypatch.setattr(app, "needs_warm_up", lambda session: True)
+    monkeypatch.setattr(app, "needs_warm_up", lambda session, remote=False: True)
     monkeypatch.setattr(app, "warm_up", broken)
     pg_db.execute(
         "create table items (id bigint primary key, grp int not null, name text);"
