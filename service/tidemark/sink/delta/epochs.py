@@ -13,7 +13,7 @@ from typing import Final
 
 import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from tidemark.errors import SinkError
 from tidemark.sink.delta.log import entries_sync, recover_log
@@ -44,13 +44,14 @@ def mark_table(path: Location, epoch: int, app_id: str = EPOCH_APP) -> bool:
     """Commit the epoch mark to one table (False: no table there, or it is newer)."""
     options = objectstore.storage_options(path)
     try:
-        if isinstance(path, Path):
-            # (what a power loss left at the log's end first: the mark goes after it)
-            if recover_log(path.name, path, path.parent.parent) is None:
-                return False
-        elif not DeltaTable.is_deltatable(str(path), storage_options=options):
+        # (what a power loss left at the log's end first: the mark goes after it)
+        if isinstance(path, Path) and recover_log(path.name, path, path.parent.parent) is None:
             return False
+        # (on a store, opened at once: deltalake's is_deltatable holds the GIL while it
+        # asks, and the other tables' marks would wait for it; ShapeTable._open_delta)
         dt = DeltaTable(str(path), storage_options=options)
+    except TableNotFoundError:
+        return False
     except Exception as exc:  # a damaged table: its shape reports it, the rest go on
         log.warning("lease.mark_failed", table=str(path), error=f"{type(exc).__name__}: {exc}")
         return False

@@ -96,7 +96,7 @@ from typing import Any
 import pyarrow as pa
 import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import RemoveAction
 
 from tidemark.errors import SinkError, TableDamaged
@@ -248,6 +248,17 @@ class ShapeTable(TableFolder):
     def exists(self) -> bool:
         return DeltaTable.is_deltatable(self.uri, storage_options=self._options)
 
+    def _open_delta(self) -> DeltaTable | None:
+        """The table opened, or None when it has none. Not ``exists`` first:
+        deltalake's ``is_deltatable`` holds the GIL while it asks the store (a LIST, 20+
+        ms on S3), so every other thread, and the event loop, waits for it; opening
+        lets them run (10 tables opened by 10 threads: 0.33 s with ``is_deltatable``
+        first, against 0.21 s without it, on S3Proxy 20 ms away, 2026-11-30)."""
+        try:
+            return DeltaTable(self.uri, storage_options=self._options)
+        except TableNotFoundError:
+            return None
+
     def create(
         self,
         schema: pa.Schema,
@@ -372,9 +383,10 @@ class ShapeTable(TableFolder):
         written directly change neither), its files and versions may be behind."""
         with self._lock:
             if self._dt is None:
-                if not self.exists():
+                opened = self._open_delta()
+                if opened is None:
                     raise SinkError(f"shape '{self.shape}' has no table at {self.uri} yet")
-                self._dt = DeltaTable(self.uri, storage_options=self._options)
+                self._dt = opened
                 self._behind = False
                 self._schema0 = None
             return self._dt
@@ -738,16 +750,26 @@ class ShapeTable(TableFolder):
         """``recover`` on an object store: an entry is one PUT, whole or absent, so
         there is no torn tail to remove; every file the log names is checked against a
         listing of ``data/`` (one LIST, not a request per file)."""
-        if not self.exists():
+        self._dt = self._head = self._schema0 = None
+        try:
+            opened = self._open_delta()
+        except Exception as exc:
+            raise TableDamaged(self._damaged(f"its Delta log cannot be read: {exc}")) from exc
+        if opened is None:
             return False
         sizes = {f"data/{f.name}": f.size for f in objectstore.listing(self.location("data"))}
-        self._open_checked(lambda p, size: sizes.get(p) == size)
+        self._open_checked(lambda p, size: sizes.get(p) == size, opened)
         return True
 
-    def _open_checked(self, whole: Callable[[str, int], bool]) -> None:
-        """The table opened afresh, and every file its log names ``whole`` (there, with
-        its size); ``TableDamaged`` otherwise. Then ``_keep_transactions``."""
+    def _open_checked(
+        self, whole: Callable[[str, int], bool], opened: DeltaTable | None = None
+    ) -> None:
+        """The table opened afresh (or as just ``opened``), and every file its log names
+        ``whole`` (there, with its size); ``TableDamaged`` otherwise. Then
+        ``_keep_transactions``."""
         self._dt = self._head = self._schema0 = None
+        if opened is not None:
+            self._dt, self._behind = opened, False
         try:
             active = self._active_files(self._handle())
         except Exception as exc:
