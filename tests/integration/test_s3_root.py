@@ -323,6 +323,46 @@ def test_a_warm_up_on_s3_writes_a_round_in_place_under_the_root_and_deletes_it(
         objectstore.configure(before)
 
 
+def test_a_delta_table_on_s3_is_found_by_one_list_that_lets_other_threads_run(
+    store: tuple[S3Server, Proxy], proxy: Proxy
+) -> None:
+    """Whether a folder on the store holds a Delta table: one LIST of its log's first
+    names, through botocore, which lets Python's other threads run while it waits for
+    the reply (deltalake's ``is_deltatable`` holds the GIL meanwhile: threads checking
+    tables took turns)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from deltalake import DeltaTable, write_deltalake
+
+    from tidemark.sink.delta.log import delta_exists
+
+    server, _ = store
+    before = objectstore.s3_access()
+    objectstore.configure(objectstore.S3Access(**s3_settings(server, proxy)))
+    try:
+        table = f"s3://{BUCKET}/exists-{secrets.token_hex(3)}/t"
+        options = objectstore.storage_options(table)
+        # nothing there; then only a writer's temporary file in the log: no table
+        assert not delta_exists(table, options)
+        assert objectstore.put_if_absent(f"{table}/_delta_log/_commit_x.json.tmp", b"{}")
+        assert not delta_exists(table, options)
+        # a table: found with one LIST, as deltalake finds it
+        write_deltalake(table, pa.table({"a": [1, 2]}), storage_options=options)
+        lists = objectstore.requests_made().get("LIST", 0)
+        assert delta_exists(table, options)
+        assert objectstore.requests_made()["LIST"] - lists == 1
+        assert DeltaTable.is_deltatable(table, storage_options=options)
+        # 200 ms on every reply: 8 checks in 8 threads wait for about one reply, not 8
+        proxy.latency(200)
+        started = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(lambda _: delta_exists(table, options), range(8)))
+        assert time.monotonic() - started < 1.0
+    finally:
+        proxy.clear()
+        objectstore.configure(before)
+
+
 def test_a_write_whose_uploads_fail_fails_and_reports_no_file(
     spark: Any, store: tuple[S3Server, Proxy], faults: HttpFaults, tmp_path: Path
 ) -> None:

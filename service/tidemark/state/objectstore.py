@@ -685,6 +685,22 @@ def _pages(location: Location, **options: str) -> Iterator[tuple[str, dict[str, 
         raise _failed("list", uri, exc) from None
 
 
+def first_names(location: Location, count: int) -> list[str]:
+    """The names of the first ``count`` files below ``location`` in the store's order
+    (by key): one LIST request, its reply at most ``count`` keys long."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    uri = str(location)
+    bucket, prefix = split(uri)
+    prefix = prefix + "/" if prefix else ""
+    _STORE.count("LIST")
+    try:
+        reply = _STORE.client().list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=count)
+    except (ClientError, BotoCoreError) as exc:
+        raise _failed("list", uri, exc) from None
+    return [item["Key"][len(prefix) :] for item in reply.get("Contents", ())]
+
+
 def folders(location: Location) -> set[str]:
     """The names of the folders right below ``location`` (on a store: the common
     prefixes of one delimited listing, a request per 1000 names, not one per name)."""

@@ -21,7 +21,7 @@ from deltalake.transaction import RemoveAction
 
 from tidemark.errors import SinkError
 from tidemark.sink.current import CURRENT_DIR, bucket_of_path, current_path, point_of
-from tidemark.sink.delta.log import add_action, entries_sync, recover_log
+from tidemark.sink.delta.log import add_action, delta_exists, entries_sync, recover_log
 from tidemark.sink.files import DataFile
 from tidemark.sink.port import Pinned, RefreshPoint
 from tidemark.state import fencing, objectstore
@@ -49,7 +49,7 @@ class CurrentTable:
         self._options = objectstore.storage_options(self.uri) if self.remote else None
 
     def exists(self) -> bool:
-        return DeltaTable.is_deltatable(self.uri, storage_options=self._options)
+        return delta_exists(self.uri, self._options)
 
     def recover(self) -> None:
         """At start: ``recover_log`` (torn entries of unsynced commits removed, the last

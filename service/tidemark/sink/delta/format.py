@@ -22,7 +22,7 @@ from tidemark.sink import current, retention
 from tidemark.sink.current import current_path
 from tidemark.sink.delta import epochs
 from tidemark.sink.delta.current import CurrentTable
-from tidemark.sink.delta.log import entries_sync
+from tidemark.sink.delta.log import delta_exists, entries_sync
 from tidemark.sink.delta.table import ShapeTable, set_aside, table_path
 from tidemark.sink.port import ChangelogTable
 from tidemark.state import fencing, objectstore
@@ -131,7 +131,7 @@ def vacuum_and_clean(root: str | Path, shape: str, floor_hours: int) -> None:
 def table_stats(path: Path | str) -> tuple[int, int] | None:
     """(active files, log entries after the newest checkpoint) of a Delta table."""
     options = objectstore.storage_options(path)
-    if not DeltaTable.is_deltatable(str(path), storage_options=options):
+    if not delta_exists(path, options):
         return None
     dt = DeltaTable(str(path), storage_options=options)
     files = len(dt.file_uris())

@@ -14,11 +14,14 @@ from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 import structlog
+from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
 from tidemark.errors import TableDamaged
 from tidemark.sink.files import DataFile
+from tidemark.state import objectstore
 from tidemark.state.durable import SyncSet, sync_folder
+from tidemark.state.objectstore import Location
 
 log = structlog.get_logger("tidemark.sink")
 
@@ -41,6 +44,23 @@ def add_entry(data: DataFile) -> dict[str, Any]:
 
 
 _ENTRY = re.compile(r"[0-9]{20}\.json")
+# what makes a folder a Delta table: a commit or a checkpoint in its log
+_VERSION_FILE = re.compile(r"[0-9]{20}\.(json|checkpoint(\.[0-9]+\.[0-9]+)?\.parquet)")
+# the log's first names looked at (a version's .json and .crc come first; a log cleaned
+# of old entries starts at a checkpoint)
+_FIRST_NAMES = 16
+
+
+def delta_exists(uri: Location, options: dict[str, str] | None) -> bool:
+    """Whether ``uri`` holds a Delta table (a commit or a checkpoint in its log). On an
+    object store one LIST of the log's first names, through botocore: deltalake's
+    ``is_deltatable`` holds Python's GIL while it waits for the store (a request, 20+ ms
+    on S3), so every other thread and the event loop would wait with it; on disk,
+    deltalake's own check."""
+    if not objectstore.is_remote(uri):
+        return bool(DeltaTable.is_deltatable(str(uri), storage_options=options))
+    names = objectstore.first_names(objectstore.join(uri, "_delta_log"), _FIRST_NAMES)
+    return any(_VERSION_FILE.fullmatch(name) for name in names)
 
 
 def _whole_entry(path: Path) -> bool:

@@ -100,7 +100,13 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import RemoveAction
 
 from tidemark.errors import SinkError, TableDamaged
-from tidemark.sink.delta.log import add_action, add_entry, entries_sync, recover_log
+from tidemark.sink.delta.log import (
+    add_action,
+    add_entry,
+    delta_exists,
+    entries_sync,
+    recover_log,
+)
 from tidemark.sink.files import DataFile
 from tidemark.sink.folder import TableFolder, holds, move_aside
 from tidemark.sink.port import ChangelogFile, ChangelogView, CommitRecord
@@ -246,7 +252,7 @@ class ShapeTable(TableFolder):
     # -- existence and creation -------------------------------------------
 
     def exists(self) -> bool:
-        return DeltaTable.is_deltatable(self.uri, storage_options=self._options)
+        return delta_exists(self.uri, self._options)
 
     def _open_delta(self) -> DeltaTable | None:
         """The table opened, or None when it has none. Not ``exists`` first:
