@@ -89,6 +89,7 @@ from tidemark.spark import (
 )
 from tidemark.stalls import Stall, StallWatch
 from tidemark.state import durable, fencing, objectstore
+from tidemark.state.instance_state import warm_dir
 from tidemark.state.lease import LeaderLease
 from tidemark.status.facts import (
     BackfillFacts,
@@ -475,7 +476,7 @@ class Service:
         folder = None
         try:
             if remote:
-                warm = objectstore.join(root, "_tidemark", "warm")
+                warm = warm_dir(root)
                 await asyncio.to_thread(forget_warm_leftovers, str(warm))
                 folder = str(objectstore.join(warm, str(uuid.uuid4())))
             scratch = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="tidemark-warm-"))

@@ -32,6 +32,7 @@ from tidemark.errors import TidemarkError
 from tidemark.replication.catalog import check_name
 from tidemark.replication.slot import CREATED_BY
 from tidemark.state import objectstore
+from tidemark.state.instance_state import ROOT_RECORDS
 from tidemark.state.lease import APPLICATION_NAME
 from tidemark.state.objectstore import Location, is_remote, join, listing
 
@@ -177,7 +178,7 @@ def _plan_purge(settings: Settings, plan: Plan) -> None:
             plan.paths.append(state)
     elif _present(state):
         # the unnamed instance's files; the root's records stay while others keep state
-        keep = {"instances", "format.json", "iceberg.db"} if others else set()
+        keep = set(ROOT_RECORDS) if others else set()
         plan.paths += [join(state, name) for name in _children(state) if name not in keep]
     records = join(root, "_tidemark")
     if not others and _present(records) and records not in plan.paths:
@@ -203,7 +204,7 @@ def _holds_state(folder: Location) -> bool:
     """The unnamed instance keeps state in ``folder`` (not only the root's records)."""
     if not _present(folder) or (not is_remote(folder) and not Path(folder).is_dir()):
         return False
-    return any(n not in ("instances", "format.json", "iceberg.db") for n in _children(folder))
+    return any(n not in ROOT_RECORDS for n in _children(folder))
 
 
 def _remove(location: Location) -> None:

@@ -16,6 +16,16 @@ from pathlib import Path
 
 from tidemark.state.objectstore import Location, is_remote, join, listing
 
+# below ``<root>/_tidemark``, beside the unnamed instance's state: what belongs to the
+# root, not to an instance (its format, the named instances' folders, a SQLite Iceberg
+# catalog, and the warm-ups' scratch objects of a root on a bucket: writers.job.warm_up)
+ROOT_RECORDS = ("instances", "format.json", "iceberg.db", "warm")
+
+
+def warm_dir(root: Location) -> Location:
+    """Where the warm-ups of services on a bucket root write their made-up rounds."""
+    return join(root, "_tidemark", "warm")
+
 
 def state_dir(root: Location, instance: str = "") -> Location:
     """Where an instance keeps its state (registry, claims, stream, frontiers)."""

@@ -739,7 +739,6 @@ def warm_up(
     schema = table_schema(WARM_COLUMNS)
     direct = writes_in_place(spark)
     column = DIRECT_COLUMN if direct else PART
-    written: list[str] = []  # on the store: the folders written (s3a:// URIs)
     done = 0
     try:
         for r in range(rounds):
@@ -757,7 +756,6 @@ def warm_up(
                 else:
                     value = pa.scalar(m, pa.int32())
                 parts.append(arrow.append_column(column, pa.repeat(value, arrow.num_rows)))
-            written.extend(folders)
             try:
                 _write_partitioned(
                     spark, parts, schema, scratch / "staging", column, remote is not None
