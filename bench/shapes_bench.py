@@ -9,7 +9,8 @@ how long the acknowledgement takes to reach the last commit after the load stops
 Usage: ``python -m bench shapes`` (N = 10, 100, 1000; ``TIDEMARK_BENCH_SHAPES=10,100``
 to choose; ``TIDEMARK_BENCH_MAX_AGE=0.5`` and ``TIDEMARK_BENCH_MIN_AGE=0.5`` to try
 other ``flush.max_age_s`` and ``flush.min_age_s``; both the same: a fixed age;
-``TIDEMARK_BENCH_WARM=0``: without the service's warm-up of a fresh JVM).
+``TIDEMARK_BENCH_WARM=0``: without the service's warm-up of a fresh JVM; an N given
+twice, ``TIDEMARK_BENCH_SHAPES=1000,1000``, runs again in the same JVM: a warm pass).
 """
 
 from __future__ import annotations
@@ -228,8 +229,9 @@ def main() -> list[dict[str, float]]:
             f"{'shapes':>6} {'ready':>8} {'lag p50':>8} {'lag p99':>8} {'drain':>7}"
             f" {'commits/s':>10} {'shapes/job':>10}"
         )
-        for n in counts:
-            out = asyncio.run(_run(pg, spark, n))
+        for k, n in enumerate(counts):
+            # (an N given again runs again in the same JVM, warm: its own database)
+            out = asyncio.run(_run(pg, spark, n, tag="" if n not in counts[:k] else f"_{k}"))
             results.append(out)
             targets = []
             if n in TARGET_P99_S:
