@@ -10,6 +10,8 @@ sections run once per table format of ``TIDEMARK_BENCH_FORMATS`` (default
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 
 def sink_sync() -> bool:
@@ -33,3 +35,14 @@ def sink_formats() -> list[str]:
 def sink_format() -> str:
     """The ``[sink] format`` of the benchmarked services in the run under way."""
     return os.environ.get(FORMAT_ENV, "delta")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def jvm_pid(spark: Any) -> int:
+    """The process of a local Spark session's JVM (its driver)."""
+    return int(spark._jvm.java.lang.ProcessHandle.current().pid())

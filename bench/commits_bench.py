@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench import sink_formats
+from bench import cpu_s, sink_formats
 from tidemark.sink import table_format
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.state import fencing
@@ -34,11 +34,6 @@ TABLES = int(os.environ.get("TIDEMARK_BENCH_COMMIT_TABLES", "500"))
 ROUNDS = int(os.environ.get("TIDEMARK_BENCH_COMMIT_ROUNDS", "12"))
 THREADS = 8  # (FlushPolicy.commit_concurrency)
 COLUMNS = [ColumnSpec("id", 23)]
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _driver_pid() -> int | None:
@@ -87,8 +82,8 @@ def _rounds(spark: Any, fmt_name: str, root: Path) -> list[dict[str, float]]:
             tables[k].commit(batches[k], end + k, {"tidemark.rows": 1}, first_lsn=end + k)
             tables[k].log_sync().sync()
 
-        jvm_before = _cpu_s(jvm) if jvm else 0.0
-        py_before = _cpu_s(os.getpid())
+        jvm_before = cpu_s(jvm) if jvm else 0.0
+        py_before = cpu_s(os.getpid())
         started = time.perf_counter()
         with ThreadPoolExecutor(THREADS) as pool:
             list(pool.map(commit, range(TABLES)))
@@ -96,8 +91,8 @@ def _rounds(spark: Any, fmt_name: str, root: Path) -> list[dict[str, float]]:
         out.append(
             {
                 "commits_per_s": TABLES / seconds,
-                "jvm_ms": ((_cpu_s(jvm) - jvm_before) if jvm else 0.0) / TABLES * 1000,
-                "python_ms": (_cpu_s(os.getpid()) - py_before) / TABLES * 1000,
+                "jvm_ms": ((cpu_s(jvm) - jvm_before) if jvm else 0.0) / TABLES * 1000,
+                "python_ms": (cpu_s(os.getpid()) - py_before) / TABLES * 1000,
             }
         )
     return out

@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 
-from bench import sink_format, sink_sync, sink_sync_method
+from bench import cpu_s, jvm_pid, sink_format, sink_sync, sink_sync_method
 from tidemark.demo.postgres import EmbeddedPostgres
 from tidemark.lsn import Lsn, format_lsn
 
@@ -148,10 +148,10 @@ class BackendCpu(threading.Thread):
                 if pid is not None and pid != self.pid:
                     self.earlier += self.last - self.first  # (a reconnect: keep it)
                     self.pid, self.pids = pid, self.pids + 1
-                    self.first = self.last = _cpu_s(pid)
+                    self.first = self.last = cpu_s(pid)
                 if self.pid is not None:
                     with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                        self.last = _cpu_s(self.pid)
+                        self.last = cpu_s(self.pid)
                 self.stop.wait(0.05)
 
     def seconds(self) -> float:
@@ -297,7 +297,7 @@ async def _through(
     sender.start()
     if cpu is not None:
         cpu["python_s"] = time.process_time()
-        cpu["jvm_s"] = _cpu_s(int(cpu["jvm_pid"]))
+        cpu["jvm_s"] = cpu_s(int(cpu["jvm_pid"]))
     t0 = time.perf_counter()
     task = asyncio.create_task(service.run())
     while True:
@@ -316,7 +316,7 @@ async def _through(
     commits = service.scheduler.stats.commits  # type: ignore[union-attr]
     if cpu is not None:
         cpu["python_s"] = time.process_time() - cpu["python_s"]
-        cpu["jvm_s"] = _cpu_s(int(cpu["jvm_pid"])) - cpu["jvm_s"]
+        cpu["jvm_s"] = cpu_s(int(cpu["jvm_pid"])) - cpu["jvm_s"]
         cpu["walsender_s"] = sender.seconds()
         cpu["walsender_pids"] = sender.pids
     else:
@@ -325,16 +325,6 @@ async def _through(
     service.request_stop()
     await task
     return {"committed_s": committed, "acked_s": acked, "rows": rows, "commits": commits, **lag}
-
-
-def _jvm_pid(spark: Any) -> int:
-    return int(spark._jvm.java.lang.ProcessHandle.current().pid())
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _ack_lag(pg: EmbeddedPostgres, service: Any, rate: int = 5_000,
@@ -431,7 +421,7 @@ def _one_pass(
     spark: Any, rows: int, workload: str, label: str, *, with_lag: bool
 ) -> dict[str, float]:
     print(f"-- {label}")
-    cpu = {"jvm_pid": float(_jvm_pid(spark))}
+    cpu = {"jvm_pid": float(jvm_pid(spark))}
     root = Path(tempfile.mkdtemp(prefix="tidemark-bench-e2e-"))
     try:
         with EmbeddedPostgres() as pg:

@@ -16,7 +16,6 @@ Run: ``python -m bench parquet`` (or ``.venv/bin/python bench/parquet_bench.py``
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -25,6 +24,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from bench import cpu_s, jvm_pid
 
 BATCH_ROWS = 100_000
 INT8, INT4, TEXT, NUMERIC, TIMESTAMPTZ = 20, 23, 25, 1700, 1184
@@ -64,19 +65,14 @@ def _batches(rows: int) -> list[pa.Table]:
     return out
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _timed(run: Any, jvm: int) -> tuple[float, float, float]:
     """Wall seconds, this process's CPU seconds and the JVM's, of ``run()``."""
-    wall, mine, theirs = time.perf_counter(), time.process_time(), _cpu_s(jvm)
+    wall, mine, theirs = time.perf_counter(), time.process_time(), cpu_s(jvm)
     run()
     return (
         time.perf_counter() - wall,
         time.process_time() - mine,
-        _cpu_s(jvm) - theirs,
+        cpu_s(jvm) - theirs,
     )
 
 
@@ -88,7 +84,7 @@ def main(rows: int = 1_000_000) -> dict[str, float]:
           "Spark (createDataFrame + write.parquet, as a flush) and by pyarrow ==")  # fmt: skip
     batches = _batches(rows)
     spark = build_session()
-    jvm = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+    jvm = jvm_pid(spark)
     target = spark_schema(batches[0].schema)
     root = Path(tempfile.mkdtemp(prefix="tidemark-bench-parquet-"))
     figures: dict[str, float] = {}

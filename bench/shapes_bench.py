@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from bench import sink_format, sink_sync, sink_sync_method
+from bench import cpu_s, jvm_pid, sink_format, sink_sync, sink_sync_method
 from tidemark.demo.postgres import EmbeddedPostgres
 from tidemark.lsn import Lsn
 
@@ -166,6 +166,8 @@ async def _run(
         rounds0, members0 = getattr(stats, "rounds", 0), getattr(stats, "round_shapes", 0)
         commits: list[tuple[int, float]] = []
         counted = requests() if requests else {}
+        jvm = jvm_pid(spark)
+        cpu0 = time.process_time(), cpu_s(jvm)
         load_started = time.perf_counter()
         rows = await asyncio.to_thread(_load, dsn, shapes, commits)
         load_ended = time.time()
@@ -179,6 +181,7 @@ async def _run(
             ended = requests()
             counted = {k: ended.get(k, 0) - counted.get(k, 0) for k in ended}
         elapsed = time.perf_counter() - load_started
+        python_cpu, jvm_cpu = time.process_time() - cpu0[0], cpu_s(jvm) - cpu0[1]
         stop.set()
         sampler.join()
         committed = sum(w.rows_committed for w in scheduler.writers.values())
@@ -202,6 +205,10 @@ async def _run(
             "per_round": (getattr(stats, "round_shapes", 0) - members0) / rounds if rounds else 0.0,
             "rows": rows,
             "rounds": rounds,
+            # the CPU of the load and its drain, in cores: this process (tidemark's
+            # Python, and the load's client) and the JVM
+            "python_cores": python_cpu / elapsed,
+            "jvm_cores": jvm_cpu / elapsed,
             **{f"req {k}": float(v) for k, v in counted.items() if v},
         }
     finally:
@@ -227,7 +234,7 @@ def main() -> list[dict[str, float]]:
     with EmbeddedPostgres() as pg:
         print(
             f"{'shapes':>6} {'ready':>8} {'lag p50':>8} {'lag p99':>8} {'drain':>7}"
-            f" {'commits/s':>10} {'shapes/job':>10}"
+            f" {'commits/s':>10} {'shapes/job':>10} {'cpu py+jvm':>11}"
         )
         for k, n in enumerate(counts):
             # (an N given again runs again in the same JVM, warm: its own database)
@@ -242,7 +249,8 @@ def main() -> list[dict[str, float]]:
             print(
                 f"{n:>6} {out['ready_s']:>7.1f}s {out['lag_p50_s']:>7.2f}s"
                 f" {out['lag_p99_s']:>7.2f}s {out['drain_s']:>6.1f}s {out['commits_s']:>10.1f}"
-                f" {out['per_round']:>10.1f}{verdict}"
+                f" {out['per_round']:>10.1f} {out['python_cores']:>5.2f}+{out['jvm_cores']:<5.2f}"
+                f"{verdict}"
             )
     return results
 
