@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 from tidemark.errors import ConfigError
+from tidemark.jvm import archive
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -115,14 +116,19 @@ DEFAULT_CONF: Mapping[str, str] = {
 }
 
 
-def java_major_version() -> int | None:
-    """The major version of the ``java`` Spark will start, or None if there is none."""
+def java_version_text() -> str:
+    """What ``java -version`` of the ``java`` Spark will start says ("" if none)."""
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
     if not java or not os.path.exists(java):
-        return None
+        return ""
     out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    return f"{os.path.realpath(java)}\n{out.stderr}{out.stdout}"
+
+
+def java_major_version() -> int | None:
+    """The major version of the ``java`` Spark will start, or None if there is none."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', java_version_text())
     if match is None:
         return None
     major = int(match.group(1))
@@ -254,8 +260,7 @@ def local_mode_conf(master: str, conf: Mapping[str, str]) -> dict[str, str]:
     from tidemark import jvm
 
     # (local-cluster[...] runs executors in JVMs of their own, without the jar)
-    local = master == "local" or master.startswith("local[")
-    if not local:
+    if not is_local(master):
         return {}
     out = {LISTING_THRESHOLD: str(DRIVER_LISTING_PATHS), OPEN_COST: str(OPEN_COST_BYTES)}
     if "spark.hadoop.fs.file.impl" in conf or not jvm.JAR.is_file():
@@ -310,17 +315,60 @@ def build_session(
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
-    local = local_mode_conf(master, conf or {})
-    settings = {**DEFAULT_CONF, **local, **(conf or {})}
-    if CLASS_PATH in local:  # (tidemark's jar, then the user's class path: both)
-        settings[CLASS_PATH] = local[CLASS_PATH]
-    for key in JAVA_OPTIONS:
-        settings[key] = java_options(DEFAULT_CONF.get(key, ""), (conf or {}).get(key, ""))
+    settings = with_class_archive(master, session_settings(master, conf or {}), conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def is_local(master: str) -> bool:
+    """Whether ``master`` runs the tasks in the driver's own JVM (``local``, ``local[N]``;
+    not ``local-cluster[...]``, whose executors have JVMs of their own)."""
+    return master == "local" or master.startswith("local[")
+
+
+def session_settings(master: str, conf: Mapping[str, str]) -> dict[str, str]:
+    """Every setting ``build_session`` gives a classic session (before a class-data
+    archive): tidemark's defaults, local mode's, the user's ``conf`` on top, except that
+    the class path and the JVM options hold tidemark's and the user's both."""
+    local = local_mode_conf(master, conf)
+    settings = {**DEFAULT_CONF, **local, **conf}
+    if CLASS_PATH in local:  # (tidemark's jar, then the user's class path: both)
+        settings[CLASS_PATH] = local[CLASS_PATH]
+    for key in JAVA_OPTIONS:
+        settings[key] = java_options(DEFAULT_CONF.get(key, ""), conf.get(key, ""))
+    return settings
+
+
+def with_class_archive(
+    master: str, settings: Mapping[str, str], conf: Mapping[str, str], folder: Path | None = None
+) -> dict[str, str]:
+    """``settings`` with the driver's JVM mapping its class-data archive
+    (``tidemark.jvm.archive``) when ``folder`` (default ``jars_dir()``) has the one that
+    fits: local mode only, and not when the user's JVM options choose (``-Xshare:off``,
+    an archive of their own). The user's options stay last: theirs win."""
+    out = dict(settings)
+    key = JAVA_OPTIONS[0]
+    if not is_local(master) or archive.chooses_its_own(out.get(key, "")):
+        return out
+    found = archive_for(folder or jars_dir(), settings=out)
+    if found.is_file():
+        ours = java_options(DEFAULT_CONF[key], archive.use_options(found))
+        out[key] = java_options(ours, conf.get(key, ""))
+    return out
+
+
+def archive_for(folder: Path, s3: bool = False, settings: Mapping[str, str] | None = None) -> Path:
+    """Where the class-data archive (``tidemark.jvm.archive``) of a local session with
+    ``settings`` (default: tidemark's own, with S3A's jars if ``s3``) is or would be."""
+    if settings is None:
+        conf = with_s3a({}, s3a_jars()) if s3 else {}
+        settings = session_settings(object_store_master("local[2]") if s3 else "local[2]", conf)
+    return archive.archive_path(
+        folder, java_version_text(), settings.get(CLASS_PATH, ""), archive.spark_jars()
+    )
 
 
 def _connect_session(remote: str, conf: Mapping[str, str], app_name: str) -> SparkSession:

@@ -3,11 +3,16 @@ process of its own (a JVM of its own, as after a crash or a deploy) writes made-
 into a scratch folder under the temporary directory, never under the root, deletes it,
 says so in its log, and streams as ever: the shape equals Postgres. In the suite's own
 session ``warm_up`` runs once per JVM and stops between rounds when asked.
+
+Before that, the JVM starts from the class-data archive ``make setup`` made
+(``tidemark.jvm.archive``): the service's driver and the suite's own map it.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -28,6 +33,37 @@ from .service_support import current_lsn, running_service, settings_for, wait_fr
 
 SHAPES = [{"name": "warm_items", "table": "public.items", "where": "grp < 2"}]
 TRUTH = "select * from items where grp < 2"
+
+
+def mapped_archive(jvm_pid: int) -> Path:
+    """The class-data archive the JVM was started with, checked to be mapped in its
+    memory (a JVM that refused the archive, as one made for another class path, has
+    dropped its mapping by the time it runs a job)."""
+    command = Path(f"/proc/{jvm_pid}/cmdline").read_bytes().decode().split("\0")
+    chosen = [m.group(1) for a in command if (m := re.fullmatch(r"-XX:SharedArchiveFile=(.+)", a))]
+    assert chosen, (
+        "the driver's JVM got no class-data archive: `make setup` makes it "
+        f"(python -m tidemark.jvm archive); its command: {command[:3]}"
+    )
+    maps = Path(f"/proc/{jvm_pid}/maps").read_text()
+    assert chosen[-1] in maps, f"the JVM did not map {chosen[-1]}"
+    return Path(chosen[-1])
+
+
+def child_jvm(pid: int) -> int:
+    found = subprocess.run(
+        ["pgrep", "-P", str(pid), "java"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    assert len(found) == 1, f"no single JVM under {pid}: {found}"
+    return int(found[0])
+
+
+def test_the_suites_session_maps_the_class_data_archive(spark) -> None:  # type: ignore[no-untyped-def]
+    from pyspark import SparkContext
+
+    spark.range(3).count()
+    gateway = SparkContext._gateway
+    assert mapped_archive(gateway.proc.pid).is_file()  # type: ignore[union-attr]
 
 
 def log_events(log: Path) -> list[dict[str, object]]:
@@ -67,6 +103,8 @@ async def test_a_fresh_jvm_is_warmed_outside_the_root_and_the_stream_is_exact(
             "delete from items where id % 11 = 0"
         )
         wait_shapes(port, format_lsn(current_lsn(pg_db.dsn)), ["warm_items"], timeout=180)
+        # (its JVM started from the archive of a root on disk)
+        assert mapped_archive(child_jvm(proc.pid)).parent.name == "cds"
         deadline = time.monotonic() + 60
         while not any(e["event"] == "spark.warmed" for e in log_events(log)):
             assert time.monotonic() < deadline, log.read_text()[-3000:]
