@@ -12,13 +12,13 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 
 setup: java iceberg prometheus fuse browser objectstore readers $(STAMP) archive
 
-# The Spark driver's class-data archives (tidemark.jvm.archive): every local session,
+# The Spark driver's class-data archives (tidemark jvm-archive): every local session,
 # a service's start included, maps the classes from one file instead of loading them
 # from jars (session 4.1-4.2 s instead of 6.2-6.9 s here). Made after the jars, once per
 # class path (about 40 s each: on disk, and with S3A's jars); a jar that changed makes
 # a new one, the old is deleted.
 archive: java iceberg objectstore $(STAMP)
-	@$(PY) -m tidemark.jvm archive
+	@$(PY) -m tidemark jvm-archive
 
 $(STAMP): pyproject.toml setup.py service/tidemark/_fastpath.pyx
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -180,7 +180,7 @@ jvm: setup
 	javac --release 17 -cp "$$($(PY) -m tidemark.jvm classpath $${TIDEMARK_JARS_DIR:-.jars})" -d build/jvm $(JVM_DIR)/*.java
 	jar --create --date=2026-01-01T00:00:00Z --file $(JVM_DIR)/tidemark-jvm.jar -C build/jvm .
 	@rm -rf build/jvm
-	@$(PY) -m tidemark.jvm archive
+	@$(PY) -m tidemark jvm-archive
 
 clean:
 	rm -rf $(VENV) $(READERS_VENV) demo-data site .pytest_cache .mypy_cache .ruff_cache

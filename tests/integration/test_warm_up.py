@@ -43,7 +43,7 @@ def mapped_archive(jvm_pid: int) -> Path:
     chosen = [m.group(1) for a in command if (m := re.fullmatch(r"-XX:SharedArchiveFile=(.+)", a))]
     assert chosen, (
         "the driver's JVM got no class-data archive: `make setup` makes it "
-        f"(python -m tidemark.jvm archive); its command: {command[:3]}"
+        f"(tidemark jvm-archive); its command: {command[:3]}"
     )
     maps = Path(f"/proc/{jvm_pid}/maps").read_text()
     assert chosen[-1] in maps, f"the JVM did not map {chosen[-1]}"

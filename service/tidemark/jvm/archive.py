@@ -11,7 +11,7 @@ An archive belongs to one JVM build and one class path (the JVM refuses it other
 and starts as if there were none), so each is named by a fingerprint of both:
 ``java -version``, and the name, size and modification time of every jar the driver
 loads (Spark's, tidemark's, Iceberg's, S3A's). ``make setup`` creates the ones a
-checkout uses (``python -m tidemark.jvm archive``, ``tidemark.jvm.training``). ``tidemark.spark
+checkout uses (``tidemark jvm-archive``: ``tidemark.cli.class_archive``). ``tidemark.spark
 .build_session`` uses the one that fits, in local mode only; a class path that
 changed (another pyspark, new jars) finds none until it is created again.
 """

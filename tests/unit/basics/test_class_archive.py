@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.jvm import archive, training
+from tidemark.cli import class_archive as training
+from tidemark.jvm import archive
 from tidemark.spark import (
     DEFAULT_CONF,
     archive_for,

@@ -1,8 +1,8 @@
-"""The training runs that make the driver's class-data archives (``tidemark.jvm.archive``):
-for a root on disk and, with S3A's jars there, for an ``s3://`` root, each a session as
-``tidemark.spark.build_session`` makes it, started with ``-XX:ArchiveClassesAtExit``
-in a child process, writing made-up flush rounds and committing an Iceberg changelog;
-the JVM writes the archive as it exits (``python -m tidemark.jvm archive``)."""
+"""``tidemark jvm-archive``: the training runs that make the Spark driver's class-data
+archives (``tidemark.jvm.archive``): for a root on disk and, with S3A's jars there, for
+an ``s3://`` root, each a session as ``tidemark.spark.build_session`` makes it, started
+with ``-XX:ArchiveClassesAtExit`` in a child process, writing made-up flush rounds and
+committing an Iceberg changelog; the JVM writes the archive as it exits."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tidemark.errors import ConfigError
+from tidemark.errors import ConfigError, TidemarkError
 from tidemark.jvm.archive import ARCHIVES
 from tidemark.sink import table_format
 from tidemark.sink.schema import ColumnSpec, table_schema
@@ -58,7 +58,7 @@ def _create(target: Path, s3: bool) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.partial")
     code = (
-        "import sys; from pathlib import Path; from tidemark.jvm.training import training_run;"
+        "import sys; from pathlib import Path; from tidemark.cli.class_archive import training_run;"
         " training_run(Path(sys.argv[1]), sys.argv[2] == 's3')"
     )
     try:
@@ -70,7 +70,7 @@ def _create(target: Path, s3: bool) -> Path:
             check=False,
         )
         if run.returncode != 0 or not partial.is_file():
-            raise RuntimeError(
+            raise TidemarkError(
                 f"the training run for {target.name} failed (exit {run.returncode});"
                 f" its output ends:\n{(run.stdout + run.stderr)[-4000:]}"
             )
