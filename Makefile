@@ -14,7 +14,7 @@ setup: java iceberg prometheus fuse browser objectstore readers $(STAMP) archive
 
 # The Spark driver's class-data archives (tidemark jvm-archive): every local session,
 # a service's start included, maps the classes from one file instead of loading them
-# from jars (session 4.1-4.2 s instead of 6.2-6.9 s here). Made after the jars, once per
+# from jars (session 4.1-5.0 s instead of 6.2-7.6 s here). Made after the jars, once per
 # class path (about 40 s each: on disk, and with S3A's jars); a jar that changed makes
 # a new one, the old is deleted.
 archive: java iceberg objectstore $(STAMP)

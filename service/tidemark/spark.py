@@ -364,7 +364,7 @@ def archive_for(folder: Path, s3: bool = False, settings: Mapping[str, str] | No
     """Where the class-data archive (``tidemark.jvm.archive``) of a local session with
     ``settings`` (default: tidemark's own, with S3A's jars if ``s3``) is or would be."""
     if settings is None:
-        conf = with_s3a({}, s3a_jars()) if s3 else {}
+        conf = with_s3a({}, s3a_jars(folder)) if s3 else {}
         settings = session_settings(object_store_master("local[2]") if s3 else "local[2]", conf)
     return archive.archive_path(
         folder, java_version_text(), settings.get(CLASS_PATH, ""), archive.spark_jars()

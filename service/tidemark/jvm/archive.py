@@ -3,8 +3,8 @@
 A Spark driver loads some 15,000 classes before its first job, each read from a jar,
 parsed and verified. An archive holds them as the JVM laid them out in memory: a JVM
 started with it maps the file instead. Measured here (2026-12-01, ``local[2]``, Java
-17, two cores): the session built in 4.1-4.2 s instead of 6.2-6.9 s, and its first
-job took 1.4-1.9 s instead of 2.7-3.1 s. A service's start, a restart after a crash
+17, two cores): the session built in 4.1-5.0 s instead of 6.2-7.6 s, and its first
+job took 1.4-1.9 s instead of 2.7-3.5 s. A service's start, a restart after a crash
 and a standby's takeover all begin with that.
 
 An archive belongs to one JVM build and one class path (the JVM refuses it otherwise,
