@@ -25,6 +25,7 @@ from tidemark import app
 from tidemark.demo.postgres import free_port
 from tidemark.demo.verify import compare_shape
 from tidemark.lsn import format_lsn
+from tidemark.spark import archive_for, jars_dir
 from tidemark.writers import job
 
 from .conftest import ONE_SERVER, PgDatabase
@@ -104,7 +105,7 @@ async def test_a_fresh_jvm_is_warmed_outside_the_root_and_the_stream_is_exact(
         )
         wait_shapes(port, format_lsn(current_lsn(pg_db.dsn)), ["warm_items"], timeout=180)
         # (its JVM started from the archive of a root on disk)
-        assert mapped_archive(child_jvm(proc.pid)).parent.name == "cds"
+        assert mapped_archive(child_jvm(proc.pid)) == archive_for(jars_dir())
         deadline = time.monotonic() + 60
         while not any(e["event"] == "spark.warmed" for e in log_events(log)):
             assert time.monotonic() < deadline, log.read_text()[-3000:]
