@@ -38,6 +38,7 @@ from tidemark.errors import ConfigError
 from tidemark.observability import Metrics
 from tidemark.settings.config import Settings, load_settings
 from tidemark.shapes.model import ShapeDefinition
+from tidemark.spark import JARS_ENV
 
 REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
@@ -525,8 +526,8 @@ def test_dockerfile_builds_a_slim_python_with_java_17_as_a_non_root_user() -> No
     assert instruction("HEALTHCHECK")[0].endswith('CMD ["tidemark-healthcheck"]')
     env = " ".join(instruction("ENV"))
     for key in re.findall(r"\b(TIDEMARK_\w+)=", env):
-        # a setting, or a variable the CLI reads (the exit reason file)
-        assert settings_key_exists(key) or key == exit_reason.ENV, key
+        # a setting, or a variable the CLI reads (the exit reason file, the jar folder)
+        assert settings_key_exists(key) or key in (exit_reason.ENV, JARS_ENV), key
 
 
 def dockerignored(path: str) -> bool:
