@@ -166,6 +166,50 @@ def test_stream_commits_in_sparks_driver_are_pyicebergs_commits(
     forget_catalogs()
 
 
+def test_the_manifests_a_commit_hands_on_are_those_its_list_file_has(
+    tmp_path: Path, spark: Any, epoch_one: fencing.Fence, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast append's snapshot is given its manifest list as the list file has it (so
+    the next commit reads nothing back): field by field the same as the file read anew,
+    over commits that fill it, merge appends (``commit.manifest.min-count-to-merge``) and
+    expired snapshots; the rows are every batch's."""
+    monkeypatch.setattr(
+        snapshots,
+        "TABLE_PROPERTIES",
+        snapshots.TABLE_PROPERTIES | {"commit.manifest.min-count-to-merge": "4"},
+    )
+    root = str(tmp_path)
+    tables = IcebergFormat()
+    tables.use_engine(spark)
+    table = tables.changelog(root, SHAPE)
+    table.max_snapshots = 3
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    assert table.java is not None
+    java = table.java()
+    assert java is not None
+    name = ".".join(table.ident)
+    seen = []
+    for k in range(11):
+        first, end = k * BATCH + 1, (k + 1) * BATCH
+        assert table.commit(_batch_files(table, first, end), end, first_lsn=first)
+        held, listed = str(java._java.listedManifests(name)).split("\n", 1)
+        as_held, as_read = listed.split("--\n")
+        assert as_held == as_read, f"commit {k}: the list held differs from its file"
+        seen.append((held, len(as_read.splitlines())))
+    # fast appends grow the list and hand it on; at four the merge append merges it (and
+    # reads its new snapshot's list back, as Iceberg's merge append does)
+    assert seen == [
+        ("filled", 1), ("filled", 2), ("filled", 3), ("read", 1),
+        ("filled", 2), ("filled", 3), ("read", 1),
+        ("filled", 2), ("filled", 3), ("read", 1), ("filled", 2),
+    ]  # fmt: skip
+    again = tables.changelog(root, SHAPE)
+    assert len(again.refresh().snapshots()) <= 3
+    assert again.committed_lsn() == 11 * BATCH
+    assert sorted(r["_lsn"] for r in rows_of(again)) == list(range(1, 11 * BATCH + 1))
+    forget_catalogs()
+
+
 def test_tables_made_and_backfilled_in_sparks_driver_are_pyicebergs(
     tmp_path: Path, spark: Any, epoch_one: fencing.Fence
 ) -> None:

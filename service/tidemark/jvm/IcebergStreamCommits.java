@@ -3,6 +3,8 @@ package tidemark.iceberg;
 import com.fasterxml.jackson.databind.JsonNode;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.lang.reflect.Field;
+import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.LinkedHashMap;
@@ -21,6 +23,7 @@ import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
 import org.apache.iceberg.ExpireSnapshots;
 import org.apache.iceberg.FileFormat;
+import org.apache.iceberg.GenericManifestFile;
 import org.apache.iceberg.Metrics;
 import org.apache.iceberg.MetricsConfig;
 import org.apache.iceberg.PartitionSpec;
@@ -47,6 +50,7 @@ import org.apache.iceberg.mapping.NameMapping;
 import org.apache.iceberg.mapping.NameMappingParser;
 import org.apache.iceberg.parquet.ParquetUtil;
 import org.apache.iceberg.util.JsonUtil;
+import org.apache.iceberg.util.PropertyUtil;
 import org.apache.logging.log4j.Level;
 import org.apache.logging.log4j.core.config.Configurator;
 import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
@@ -169,11 +173,14 @@ public final class IcebergStreamCommits {
       }
       Transaction tx = Transactions.newTransaction(name, ops);
       Ops.WRITTEN.remove();
-      commit(tx, ops, paths, summary(found, carriedPrefixes, extra, mark));
+      Listed listed = commit(tx, ops, paths, summary(found, carriedPrefixes, extra, mark));
       String written = Ops.WRITTEN.get();
       TableMetadata pending = written == null ? null : ops.pending.get(written);
       if (pending == null) {
         throw new IllegalStateException("the commit of " + name + " wrote no table metadata");
+      }
+      if (listed != null) {
+        listed.fill(pending.currentSnapshot());
       }
       return "swap " + pending.currentSnapshot().sequenceNumber() + " " + pending.metadataFileLocation();
     } catch (IOException unreadable) {
@@ -353,13 +360,25 @@ public final class IcebergStreamCommits {
     io.close();
   }
 
-  private static void commit(
+  /**
+   * Make the commit of {@code paths} in {@code tx}: a fast append (the new manifest, then the
+   * parent snapshot's manifests as they are) while the parent lists fewer manifests than the
+   * table's {@code commit.manifest.min-count-to-merge} (less one), else Iceberg's merge append,
+   * which merges them as its properties say. Returns what a fast append's snapshot lists (for
+   * {@link Listed#fill}), else null.
+   */
+  private static Listed commit(
       Transaction tx, Ops ops, List<String> paths, Map<String, String> summary) {
     Table table = tx.table();
     MetricsConfig metrics = MetricsConfig.forTable(table);
     String mappingJson = table.properties().get(TableProperties.DEFAULT_NAME_MAPPING);
     NameMapping mapping = mappingJson == null ? null : NameMappingParser.fromJson(mappingJson);
-    AppendFiles append = tx.newAppend().scanManifestsWith(IN_THIS_THREAD);
+    int version = ops.current().formatVersion();
+    Snapshot parent = table.currentSnapshot();
+    List<ManifestFile> parentListed = parent == null ? List.of() : parent.allManifests(table.io());
+    boolean fast = version == 2 && parentListed.size() + 1 < mergeCount(table);
+    AppendFiles append =
+        fast ? tx.newFastAppend() : tx.newAppend().scanManifestsWith(IN_THIS_THREAD);
     String location = table.location().replaceAll("/+$", "");
     List<DataFile> added = new ArrayList<>();
     for (String name : paths) {
@@ -377,7 +396,7 @@ public final class IcebergStreamCommits {
       }
       added.add(data.build());
     }
-    int version = ops.current().formatVersion();
+    ManifestFile ours = null;
     if (version >= 2 && !added.isEmpty()) {
       // the manifest written here, on this thread: Iceberg writes an appended file's manifest
       // on its worker pool and polls for it every 10 ms (Tasks.waitFor), which was most of a
@@ -394,7 +413,8 @@ public final class IcebergStreamCommits {
       } catch (IOException e) {
         throw new UncheckedIOException(e);
       }
-      append.appendManifest(writer.toManifestFile());
+      ours = writer.toManifestFile();
+      append.appendManifest(ours);
     } else {
       added.forEach(append::appendFile);
     }
@@ -407,6 +427,7 @@ public final class IcebergStreamCommits {
     Snapshot current = null;
     // (the snapshots before this commit: the one just appended is the transaction's current)
     Snapshot appended = table.currentSnapshot();
+    Listed listed = fast && appended != null ? new Listed(appended, ours, parentListed) : null;
     for (Snapshot s : table.snapshots()) {
       if (appended == null || s.snapshotId() != appended.snapshotId()) {
         old.add(s);
@@ -434,6 +455,184 @@ public final class IcebergStreamCommits {
       }
     }
     tx.commitTransaction();
+    return listed;
+  }
+
+  /** How many manifests Iceberg's merge append merges at once (off: never). */
+  private static int mergeCount(Table table) {
+    Map<String, String> properties = table.properties();
+    if (!PropertyUtil.propertyAsBoolean(
+        properties,
+        TableProperties.MANIFEST_MERGE_ENABLED,
+        TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT)) {
+      return Integer.MAX_VALUE;
+    }
+    return PropertyUtil.propertyAsInt(
+        properties,
+        TableProperties.MANIFEST_MIN_MERGE_COUNT,
+        TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT);
+  }
+
+  /**
+   * The manifests a fast append's new snapshot lists, as its manifest list file has them
+   * (format 2): the appended manifest with the snapshot's id, its unassigned sequence numbers
+   * the snapshot's (as the list's writer writes them), then the parent's. {@link #fill} hands
+   * them to the snapshot, so that the next commit on it, which lists them again, does not read
+   * the file back (Iceberg reads a snapshot's list once per snapshot object, and the snapshot
+   * an append makes has none: every commit read its parent's list, about a fifth of its JVM
+   * time at 1000 shapes).
+   */
+  static final class Listed {
+    // BaseSnapshot's list read from its manifest list file (null until read): set here
+    private static final Field ALL_MANIFESTS = allManifestsField();
+    // a manifest's sequence numbers before its commit assigns them (ManifestWriter's)
+    private static final long UNASSIGNED_SEQ = -1;
+    private final long snapshotId;
+    private final List<ManifestFile> manifests;
+
+    Listed(Snapshot snapshot, ManifestFile appended, List<ManifestFile> parent) {
+      this.snapshotId = snapshot.snapshotId();
+      this.manifests = new HandedOn(parent.size() + 1);
+      if (appended != null) {
+        GenericManifestFile listed =
+            (GenericManifestFile)
+                GenericManifestFile.copyOf(appended).withSnapshotId(snapshotId).build();
+        long sequence = snapshot.sequenceNumber();
+        if (listed.sequenceNumber() == UNASSIGNED_SEQ) {
+          listed.set(4, sequence); // (ManifestFile.SEQUENCE_NUMBER's position)
+        }
+        if (listed.minSequenceNumber() == UNASSIGNED_SEQ) {
+          listed.set(5, sequence); // (ManifestFile.MIN_SEQUENCE_NUMBER's)
+        }
+        manifests.add(listed);
+      }
+      manifests.addAll(parent);
+    }
+
+    /** Give {@code snapshot} (the committed one, as the metadata written holds it) the list. */
+    void fill(Snapshot snapshot) {
+      if (ALL_MANIFESTS == null
+          || snapshot == null
+          || snapshot.snapshotId() != snapshotId
+          || !ALL_MANIFESTS.getDeclaringClass().isInstance(snapshot)) {
+        return; // (read from the file when asked, as before)
+      }
+      try {
+        if (ALL_MANIFESTS.get(snapshot) == null) {
+          ALL_MANIFESTS.set(snapshot, manifests);
+        }
+      } catch (IllegalAccessException unexpected) {
+        // (left unset: read from the file)
+      }
+    }
+
+    /**
+     * Whether {@code snapshot} holds its list: {@code "filled"} (by {@link #fill}), {@code
+     * "read"} (from its file: a merge append reads its new snapshot's list back) or {@code
+     * "unread"}.
+     */
+    static String held(Snapshot snapshot) {
+      try {
+        Object list =
+            ALL_MANIFESTS != null && ALL_MANIFESTS.getDeclaringClass().isInstance(snapshot)
+                ? ALL_MANIFESTS.get(snapshot)
+                : null;
+        return list instanceof HandedOn ? "filled" : list != null ? "read" : "unread";
+      } catch (IllegalAccessException unexpected) {
+        return "unread";
+      }
+    }
+
+    /** A list {@link #fill} gave (its type tells {@link #held} so). */
+    private static final class HandedOn extends ArrayList<ManifestFile> {
+      HandedOn(int size) {
+        super(size);
+      }
+    }
+
+    private static Field allManifestsField() {
+      try {
+        Field field = Class.forName("org.apache.iceberg.BaseSnapshot").getDeclaredField("allManifests");
+        field.setAccessible(true);
+        return field;
+      } catch (ReflectiveOperationException | RuntimeException absent) {
+        return null; // (another Iceberg: every list read from its file)
+      }
+    }
+  }
+
+  /**
+   * For checks: the current snapshot of {@code name} as this JVM holds it, one line per manifest
+   * it lists with every field of the manifest list's entries, first as held here, then as its
+   * manifest list file has them; the first line is what {@link Listed#held} said before.
+   */
+  public String listedManifests(String name) {
+    Ops ops = tables.get(name);
+    Snapshot snapshot = ops == null || ops.current == null ? null : ops.current.currentSnapshot();
+    if (snapshot == null) {
+      return "none";
+    }
+    StringBuilder out = new StringBuilder(Listed.held(snapshot));
+    out.append("\n").append(described(snapshot.allManifests(io)));
+    out.append("--\n");
+    Snapshot fromFile =
+        TableMetadataParser.read(io, ops.current.metadataFileLocation())
+            .snapshot(snapshot.snapshotId());
+    out.append(described(fromFile.allManifests(io)));
+    return out.toString();
+  }
+
+  private static String described(List<ManifestFile> manifests) {
+    StringBuilder out = new StringBuilder();
+    for (ManifestFile m : manifests) {
+      out.append(
+          String.join(
+              " ",
+              m.path(),
+              String.valueOf(m.length()),
+              String.valueOf(m.partitionSpecId()),
+              String.valueOf(m.content()),
+              String.valueOf(m.sequenceNumber()),
+              String.valueOf(m.minSequenceNumber()),
+              String.valueOf(m.snapshotId()),
+              String.valueOf(m.addedFilesCount()),
+              String.valueOf(m.addedRowsCount()),
+              String.valueOf(m.existingFilesCount()),
+              String.valueOf(m.existingRowsCount()),
+              String.valueOf(m.deletedFilesCount()),
+              String.valueOf(m.deletedRowsCount()),
+              String.valueOf(m.firstRowId()),
+              hex(m.keyMetadata())));
+      if (m.partitions() != null) {
+        for (ManifestFile.PartitionFieldSummary p : m.partitions()) {
+          out.append(" [")
+              .append(p.containsNull())
+              .append(' ')
+              .append(p.containsNaN())
+              .append(' ')
+              .append(hex(p.lowerBound()))
+              .append(' ')
+              .append(hex(p.upperBound()))
+              .append(']');
+        }
+      } else {
+        out.append(" no-partitions");
+      }
+      out.append('\n');
+    }
+    return out.toString();
+  }
+
+  private static String hex(ByteBuffer bytes) {
+    if (bytes == null) {
+      return "-";
+    }
+    StringBuilder out = new StringBuilder("0x");
+    ByteBuffer view = bytes.duplicate();
+    while (view.hasRemaining()) {
+      out.append(String.format("%02x", view.get()));
+    }
+    return out.toString();
   }
 
   // the manifests of a commit are read and written on its own thread: Iceberg's worker pool
