@@ -188,6 +188,8 @@ def test_the_manifests_a_commit_hands_on_are_those_its_list_file_has(
     java = table.java()
     assert java is not None
     name = ".".join(table.ident)
+    born = str(java._java.listedManifests(name))
+    assert born == "filled\n--\n", born  # (a new table's snapshot lists none)
     seen = []
     for k in range(11):
         first, end = k * BATCH + 1, (k + 1) * BATCH

@@ -241,6 +241,10 @@ public final class IcebergStreamCommits {
       if (written == null || !ops.pending.containsKey(written)) {
         throw new IllegalStateException("the creation of " + name + " wrote no table metadata");
       }
+      Snapshot first = ops.pending.get(written).currentSnapshot();
+      if (first != null && metadata.formatVersion() == 2) {
+        new Listed(first, null, List.of()).fill(first); // (it lists no manifest)
+      }
       tables.put(name, ops);
       return written;
     } catch (IOException unreadable) {
