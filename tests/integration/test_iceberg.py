@@ -122,6 +122,17 @@ def test_a_new_leaders_mark_is_not_lost_to_a_commit_racing_it(
         table.commit(_batch_files(table, BATCH + 1, 2 * BATCH), 2 * BATCH, first_lsn=BATCH + 1)
 
 
+def made_in_the_driver(root: str, spark: Any, *, max_snapshots: int) -> tuple[IcebergFormat, Any]:
+    """The format with its stream commits in Spark's driver, and the shape's changelog
+    created there, keeping at most ``max_snapshots``."""
+    tables = IcebergFormat()
+    tables.use_engine(spark)
+    table = tables.changelog(root, SHAPE)
+    table.max_snapshots = max_snapshots
+    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    return tables, table
+
+
 def test_stream_commits_in_sparks_driver_are_pyicebergs_commits(
     tmp_path: Path, spark: Any, epoch_one: fencing.Fence
 ) -> None:
@@ -131,11 +142,7 @@ def test_stream_commits_in_sparks_driver_are_pyicebergs_commits(
     is built on; a table keeps at most ``max_snapshots``; replays are skipped and an
     overlap refused."""
     root = str(tmp_path)
-    tables = IcebergFormat()
-    tables.use_engine(spark)
-    table = tables.changelog(root, SHAPE)
-    table.max_snapshots = 4
-    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    tables, table = made_in_the_driver(root, spark, max_snapshots=4)
     for k in range(3):
         first, end = k * BATCH + 1, (k + 1) * BATCH
         assert table.commit(_batch_files(table, first, end), end, first_lsn=first)
@@ -179,11 +186,7 @@ def test_the_manifests_a_commit_hands_on_are_those_its_list_file_has(
         snapshots.TABLE_PROPERTIES | {"commit.manifest.min-count-to-merge": "4"},
     )
     root = str(tmp_path)
-    tables = IcebergFormat()
-    tables.use_engine(spark)
-    table = tables.changelog(root, SHAPE)
-    table.max_snapshots = 3
-    table.create(table_schema(COLUMNS), ["id"], {"name": SHAPE})
+    tables, table = made_in_the_driver(root, spark, max_snapshots=3)
     assert table.java is not None
     java = table.java()
     assert java is not None
