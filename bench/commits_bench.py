@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench import cpu_s, sink_formats
+from bench import cpu_s, jvm_pid, sink_formats
 from tidemark.sink import table_format
 from tidemark.sink.schema import ColumnSpec, table_schema
 from tidemark.state import fencing
@@ -34,14 +33,6 @@ TABLES = int(os.environ.get("TIDEMARK_BENCH_COMMIT_TABLES", "500"))
 ROUNDS = int(os.environ.get("TIDEMARK_BENCH_COMMIT_ROUNDS", "12"))
 THREADS = 8  # (FlushPolicy.commit_concurrency)
 COLUMNS = [ColumnSpec("id", 23)]
-
-
-def _driver_pid() -> int | None:
-    """The JVM of this process's Spark session (a local one: a child of this process)."""
-    found = subprocess.run(
-        ["pgrep", "-P", str(os.getpid()), "java"], capture_output=True, text=True, check=False
-    ).stdout.split()
-    return int(found[0]) if found else None
 
 
 def _one_row(schema: pa.Schema, lsn: int) -> pa.Table:
@@ -65,7 +56,7 @@ def _rounds(spark: Any, fmt_name: str, root: Path) -> list[dict[str, float]]:
         table = fmt.changelog(root, f"s{k}")
         table.create(schema, ["id"], {"name": f"s{k}"})
         tables.append(table)
-    jvm = _driver_pid()
+    jvm = jvm_pid(spark)
     out = []
     for r in range(ROUNDS):
         end = 1000 * (r + 1)
@@ -82,7 +73,7 @@ def _rounds(spark: Any, fmt_name: str, root: Path) -> list[dict[str, float]]:
             tables[k].commit(batches[k], end + k, {"tidemark.rows": 1}, first_lsn=end + k)
             tables[k].log_sync().sync()
 
-        jvm_before = cpu_s(jvm) if jvm else 0.0
+        jvm_before = cpu_s(jvm)
         py_before = cpu_s(os.getpid())
         started = time.perf_counter()
         with ThreadPoolExecutor(THREADS) as pool:
@@ -91,7 +82,7 @@ def _rounds(spark: Any, fmt_name: str, root: Path) -> list[dict[str, float]]:
         out.append(
             {
                 "commits_per_s": TABLES / seconds,
-                "jvm_ms": ((cpu_s(jvm) - jvm_before) if jvm else 0.0) / TABLES * 1000,
+                "jvm_ms": (cpu_s(jvm) - jvm_before) / TABLES * 1000,
                 "python_ms": (cpu_s(os.getpid()) - py_before) / TABLES * 1000,
             }
         )
