@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.crashfs import CrashFS, require_crashfs
@@ -212,6 +214,85 @@ def test_the_manifests_a_commit_hands_on_are_those_its_list_file_has(
     assert len(again.refresh().snapshots()) <= 3
     assert again.committed_lsn() == 11 * BATCH
     assert sorted(r["_lsn"] for r in rows_of(again)) == list(range(1, 11 * BATCH + 1))
+    forget_catalogs()
+
+
+def test_the_avro_files_a_driver_commit_writes_are_read_by_avros_own_reader(
+    tmp_path: Path, spark: Any, epoch_one: fencing.Fence
+) -> None:
+    """The manifests and manifest lists of the driver's commits (``MetadataAvro.java``:
+    Avro's container format written by tidemark, the records by Iceberg's writers) are
+    read by Avro's own Java reader: the header Iceberg's writer gives (its keys, both
+    schemas, the deflate codec), every record pyiceberg reads, a manifest of more than
+    one block (a commit of 600 files) too."""
+    root = str(tmp_path)
+    tables, table = made_in_the_driver(root, spark, max_snapshots=10)
+    for k in range(2):
+        first, end = k * BATCH + 1, (k + 1) * BATCH
+        assert table.commit(_batch_files(table, first, end), end, first_lsn=first)
+    rel, folder = table.new_batch_dir()
+    folder.mkdir(parents=True)
+    for n in range(600):  # (one row each, as _batch_files writes them)
+        lsn = 2 * BATCH + 1 + n
+        row = [[lsn], [lsn], [0], ["insert"], [None], [None], [None]]
+        pq.write_table(
+            pa.Table.from_arrays(
+                [pa.array(v, t) for v, t in zip(row, table_schema(COLUMNS).types, strict=True)],
+                schema=table_schema(COLUMNS),
+            ),
+            folder / f"part-{n:04d}.parquet",
+        )
+    end = 2 * BATCH + 600
+    assert table.commit(table.files_in(rel), end, first_lsn=2 * BATCH + 1)
+    snapshot = tables.changelog(root, SHAPE).refresh().current_snapshot()
+    io = table.refresh().io
+    jvm = spark._jvm
+
+    def read(path: str) -> tuple[dict[str, str], int, int]:
+        """The file's header and its records and blocks, as Avro's DataFileReader reads."""
+        reader = jvm.org.apache.avro.file.DataFileReader(
+            jvm.java.io.File(path.removeprefix("file://")),
+            jvm.org.apache.avro.generic.GenericDatumReader(),
+        )
+        try:
+            meta = {str(k): str(reader.getMetaString(k)) for k in reader.getMetaKeys()}
+            records = blocks = 0
+            while reader.hasNext():
+                reader.nextBlock()
+                records += reader.getBlockCount()
+                blocks += 1
+            return meta, records, blocks
+        finally:
+            reader.close()
+
+    meta, records, _ = read(snapshot.manifest_list)
+    manifests = snapshot.manifests(io)
+    assert records == len(manifests) == 3
+    assert set(meta) == {
+        "snapshot-id", "parent-snapshot-id", "sequence-number", "format-version",
+        "iceberg.schema", "avro.schema", "avro.codec",
+    }  # fmt: skip
+    assert meta["avro.codec"] == "deflate"
+    assert meta["snapshot-id"] == str(snapshot.snapshot_id)
+    assert json.loads(meta["avro.schema"])["name"] == "manifest_file"
+    assert json.loads(meta["iceberg.schema"])["type"] == "struct"
+    sizes = []
+    for manifest in manifests:
+        meta, records, blocks = read(manifest.manifest_path)
+        assert set(meta) == {
+            "schema", "partition-spec", "partition-spec-id", "format-version", "content",
+            "iceberg.schema", "avro.schema", "avro.codec",
+        }  # fmt: skip
+        assert json.loads(meta["avro.schema"])["name"] == "manifest_entry"
+        assert records == len(manifest.fetch_manifest_entry(io)) == manifest.added_files_count
+        local = Path(manifest.manifest_path.removeprefix("file:"))
+        assert manifest.manifest_length == local.stat().st_size, manifest.manifest_path
+        sizes.append((records, blocks))
+    sizes.sort()
+    assert sizes[:2] == [(1, 1), (1, 1)] and sizes[2][0] == 600 and sizes[2][1] >= 2, sizes
+    assert sorted(r["_lsn"] for r in rows_of(tables.changelog(root, SHAPE))) == list(
+        range(1, end + 1)
+    )
     forget_catalogs()
 
 

@@ -86,6 +86,7 @@ public final class IcebergStreamCommits {
   public IcebergStreamCommits(Map<String, String> properties, Configuration conf) {
     io.setConf(conf);
     io.initialize(properties);
+    MetadataAvro.install();
     // after each commit Iceberg's transaction looks for the new snapshot in the table's
     // current metadata, to remove files its retries left; here that metadata moves only when
     // Python has swapped the pointer (and a commit here is never retried), so it found none

@@ -181,7 +181,10 @@ public class SyncedFileIO extends HadoopFileIO {
     private final Path path;
     private final boolean overwrite;
     private final Fence fence = Fence.current();
-    private ByteArrayOutputStream buffer = new ByteArrayOutputStream(64 * 1024);
+    private ByteArrayOutputStream buffer = new ByteArrayOutputStream(8 * 1024);
+    // the file's length once closed: Iceberg's writers ask for it after the close (a
+    // manifest's length in the manifest list), where 0 was given before
+    private long written;
 
     Buffered(Path path, boolean overwrite) {
       this.path = path;
@@ -190,7 +193,7 @@ public class SyncedFileIO extends HadoopFileIO {
 
     @Override
     public long getPos() {
-      return buffer == null ? 0 : buffer.size();
+      return buffer == null ? written : buffer.size();
     }
 
     @Override
@@ -210,6 +213,7 @@ public class SyncedFileIO extends HadoopFileIO {
       }
       byte[] data = buffer.toByteArray();
       buffer = null;
+      written = data.length;
       fence.check();
       Files.createDirectories(path.getParent());
       StandardOpenOption[] options =
