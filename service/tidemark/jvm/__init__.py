@@ -21,9 +21,9 @@ the S3A and Iceberg ones where their jars are there):
   file), and uploads each such file beside the task that closed it (the task commits
   once they all returned).
 * ``tidemark.iceberg.IcebergStreamCommits`` (``IcebergStreamCommits.java``, with
-  ``SyncedFileIO.java``): the stream commits of Iceberg changelogs with Iceberg's Java
-  library (``tidemark.sink.iceberg.jvm``), when Iceberg's jars are there
-  (``ICEBERG_JARS``: ``make setup`` resolves them into ``.jars/iceberg``).
+  ``SyncedFileIO.java`` and ``MetadataAvro.java``): the stream commits of Iceberg
+  changelogs with Iceberg's Java library (``tidemark.sink.iceberg.jvm``), when Iceberg's
+  jars are there (``ICEBERG_JARS``: ``make setup`` resolves them into ``.jars/iceberg``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ SOURCES = tuple(
         "SizedS3AFileSystem.java",
         "IcebergStreamCommits.java",
         "SyncedFileIO.java",
+        "MetadataAvro.java",
     )
 )
 LOCAL_FS_CLASS = "tidemark.hadoop.NioLocalFileSystem"
