@@ -57,6 +57,11 @@ class JavaCommits:
 
     def __init__(self, java: Any, catalog: Any) -> None:
         self._java = java
+        for method in ("append", "create", "swapped", "forget"):
+            # (their arguments are strings, numbers and booleans, which py4j sends as they
+            # are: without this it asks each of the gateway's converters, pyspark's among
+            # them, about each argument, ~0.2 ms of Python under the GIL a commit)
+            getattr(java, method).converters = None
         self._catalog = catalog  # pyiceberg's SqlCatalog: its engine makes the swaps
         self._pointers: dict[str, str] = {}  # each table's metadata after our last swap
         self._swaps = GroupedSwaps(catalog)
@@ -222,6 +227,7 @@ class GroupedSwaps:
         self._ready = threading.Condition()
         self._queue: list[_Swap] = []
         self._running = False
+        self._statements: tuple[Any, Any] | None = None
 
     def create(self, ident: tuple[str, str], new: str) -> bool:
         """A new table at ``new``: False when one of that name is there already."""
@@ -257,6 +263,28 @@ class GroupedSwaps:
         return mine.moved
 
     def _run(self, group: Sequence[_Swap]) -> list[bool]:
+        if self._statements is None:
+            self._statements = self._made_statements()
+        statement, insert = self._statements
+        moved = []
+        with self._catalog.engine.begin() as conn:
+            for item in group:
+                result = conn.execute(
+                    statement if item.old is not None else insert,
+                    {
+                        "new": item.new,
+                        "old": item.old,
+                        "c": self._catalog.name,
+                        "ns": item.ident[0],
+                        "t": item.ident[1],
+                    },
+                )
+                moved.append(result.rowcount == 1)
+        return moved
+
+    def _made_statements(self) -> tuple[Any, Any]:
+        """The swap's ``UPDATE`` and a new table's ``INSERT`` (made once: each ``text`` is
+        parsed where it is made)."""
         from sqlalchemy import text
 
         statement = text(
@@ -274,21 +302,7 @@ class GroupedSwaps:
         insert = text(
             f"INSERT INTO iceberg_tables ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING"
         )
-        moved = []
-        with self._catalog.engine.begin() as conn:
-            for item in group:
-                result = conn.execute(
-                    statement if item.old is not None else insert,
-                    {
-                        "new": item.new,
-                        "old": item.old,
-                        "c": self._catalog.name,
-                        "ns": item.ident[0],
-                        "t": item.ident[1],
-                    },
-                )
-                moved.append(result.rowcount == 1)
-        return moved
+        return statement, insert
 
 
 class _Swap:
