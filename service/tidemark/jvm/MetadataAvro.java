@@ -36,8 +36,8 @@ import org.apache.iceberg.types.Types;
  * <p>Iceberg writes those files through {@code InternalData.write(AVRO, file)}, whose builder
  * converts the Iceberg schema to Avro's, prints both as JSON into the file's header and makes a
  * new deflater at every file. A stream commit writes two such files of the same two schemas
- * (a table's manifest entries, the manifest list's entries), so that work was most of the set-up
- * of its writers and about 45% of a commit's time in the JVM (JFR, 1000 shapes). Here the
+ * (a table's manifest entries, the manifest list's entries): most of its writers' set-up in JFR's
+ * samples, ~0.15 ms of a 3-4 ms commit when warm (a harness: 261-305 us -> 120-156 us). Here the
  * converted schema and both JSON texts are kept by schema (their equality: the struct, its id
  * and identifier fields, the record's name) and each thread keeps its deflater; the header,
  * blocks and sync marker are Avro's container format, the codec Iceberg's default for these files
