@@ -382,15 +382,67 @@ def test_tables_made_and_backfilled_in_sparks_driver_are_pyicebergs(
     assert java is not None
     metadata = tmp_path / "tables" / f"{SHAPE}_java" / "metadata"
     files = set(metadata.iterdir())
-    assert not java.create(
-        jv.ident,
-        jv_born.location(),
-        jv_born.schema().model_dump_json(),
-        {"format-version": "2"},
-        {"tidemark.generation": "0"},
+    assert (
+        java.create(
+            jv.ident,
+            jv_born.location(),
+            jv_born.schema().model_dump_json(),
+            {"format-version": "2"},
+            {"tidemark.generation": "0"},
+        )
+        is None
     )
     assert set(metadata.iterdir()) == files  # (its metadata file removed)
     assert tables.changelog(root, f"{SHAPE}_java").committed_lsn() == BATCH
+    forget_catalogs()
+
+
+def test_a_table_just_made_in_sparks_driver_answers_as_its_metadata_read_back(
+    tmp_path: Path, spark: Any, epoch_one: fencing.Fence
+) -> None:
+    """A table the JVM just made answers its first backfill's questions (its schema, its
+    key, whether it needs replacing, its files) without pyiceberg reading it: each answer
+    is what reading its metadata gives, for columns of many types (an int2 Iceberg gives
+    back as int4, a numeric's scale, an array among them); and once another writer moved
+    the table, it is read again."""
+    columns = [
+        ColumnSpec("id", 20),
+        ColumnSpec("small", 21),
+        ColumnSpec("name", 25),
+        ColumnSpec("price", 1700, (12 << 16 | 3) + 4),
+        ColumnSpec("at", 1184),
+        ColumnSpec("flag", 16),
+        ColumnSpec("blob", 17),
+        ColumnSpec("doc", 3802),
+        ColumnSpec("tags", 1007),
+        ColumnSpec("day", 1082),
+        ColumnSpec("ref", 2950),
+        ColumnSpec("ratio", 700),
+    ]
+    schema = table_schema(columns)
+    tables = IcebergFormat()
+    tables.use_engine(spark)
+    table = tables.changelog(str(tmp_path), f"{SHAPE}_born")
+    assert table.create(schema, ["id", "name"], {"name": SHAPE})
+    made = (
+        table.arrow_schema(),
+        table.primary_key(),
+        table.needs_replacement(schema, ["id", "name"]),
+        table.needs_replacement(schema, ["id"]),
+        table.active_files_with_sizes(),
+    )
+    assert table._table is None  # (not read: answered from what the JVM made)
+    read = tables.changelog(str(tmp_path), f"{SHAPE}_born")
+    assert read.arrow_schema().equals(made[0], check_metadata=True)
+    assert made[1:] == (read.primary_key(), False, True, read.active_files_with_sizes())
+    assert made[1] == ["id", "name"] and made[4] == []
+    # another writer moved the pointer: the table is read again
+    tx = read.refresh().transaction()
+    tx.set_properties({"owner": "someone else"})
+    tx.commit_transaction()
+    assert table.active_files_with_sizes() == []
+    assert table._table is not None
+    assert table._table.properties["owner"] == "someone else"
     forget_catalogs()
 
 

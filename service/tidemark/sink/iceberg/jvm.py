@@ -155,11 +155,12 @@ class JavaCommits:
         schema: str,
         properties: Mapping[str, str],
         summary: Mapping[str, str],
-    ) -> bool:
+    ) -> str | None:
         """A new table: its first metadata (the schema ``schema``, Iceberg's JSON; one empty
         snapshot of summary ``summary``) written in the JVM, then inserted into the catalog
-        as pyiceberg's SQL catalog inserts a new table. False when a table of that name was
-        there (its file removed); ``SinkError`` for any other failure."""
+        as pyiceberg's SQL catalog inserts a new table. Returns that metadata file's
+        location; None when a table of that name was there (its file removed);
+        ``SinkError`` for any other failure."""
         fence, leader, epoch = _fenced()
         name = ".".join(ident)
         request = json.dumps({"properties": dict(properties), "summary": dict(summary)})
@@ -182,9 +183,10 @@ class JavaCommits:
                 raise
             raise SinkError(f"the Iceberg catalog could not add the table {name}: {exc}") from exc
         self._swapped(name, written, made, leader, epoch)
-        if made:
-            self._pointers[name] = written
-        return made
+        if not made:
+            return None
+        self._pointers[name] = written
+        return written
 
     def _swapped(self, name: str, written: str, moved: bool, leader: str, epoch: int) -> None:
         """The swap's outcome to the JVM (not moved: it removes the files it wrote)."""

@@ -27,11 +27,13 @@ A commit is durable when it returns: ``log_sync`` has nothing left.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,8 +87,13 @@ def decode_schema(text: str | None) -> pa.Schema | None:
 def writer_types(table: Table) -> pa.Schema:
     """The table's columns with the Arrow types tidemark writes them with (see the
     module docstring); a column changed outside tidemark takes Iceberg's type."""
-    have = snapshots.arrow_schema(table)
-    stored = decode_schema(table.properties.get(ARROW_PROPERTY))
+    return _writer_types(snapshots.arrow_schema(table), table.properties.get(ARROW_PROPERTY))
+
+
+def _writer_types(have: pa.Schema, stored_text: str | None) -> pa.Schema:
+    """``writer_types`` of a table whose schema in Arrow is ``have`` and whose
+    ``ARROW_PROPERTY`` is ``stored_text``."""
+    stored = decode_schema(stored_text)
     if stored is None:
         return have
     fields = []
@@ -98,6 +105,17 @@ def writer_types(table: Table) -> pa.Schema:
                 continue
         fields.append(field)
     return pa.schema(fields)
+
+
+@dataclass(frozen=True, slots=True)
+class _Born:
+    """A table as the JVM created it: its metadata file, its schema in Arrow (and as
+    ``arrow_schema`` gives it) and its key, as a read of that file would give them."""
+
+    pointer: str
+    have: pa.Schema
+    schema: pa.Schema
+    key: list[str]
 
 
 class IcebergChangelog(TableFolder):
@@ -120,6 +138,9 @@ class IcebergChangelog(TableFolder):
         self.fitted: pa.Schema | None = None
         # the stream commits' committer in Spark's driver, where there is one (iceberg.jvm)
         self.java: Callable[[], JavaCommits | None] | None = None
+        # what the JVM just created, until the table is read or committed through this
+        # object (most of a many-shape start: its backfill asks without parsing it)
+        self._born: _Born | None = None
 
     @property
     def _where(self) -> str:
@@ -156,6 +177,7 @@ class IcebergChangelog(TableFolder):
     def refresh_handle(self) -> None:
         with self._lock:
             self._table = None
+            self._born = None
             self.fitted = None
 
     def _load(self) -> Table:
@@ -168,6 +190,7 @@ class IcebergChangelog(TableFolder):
         """The table as the catalog has it now (cached), None when there is none: one
         catalog read (pyiceberg's ``table_exists`` is itself a ``load_table``)."""
         with self._lock:
+            self._born = None
             self._table = load_or_none(self.catalog, self.ident, self.name)
             return self._table
 
@@ -202,14 +225,17 @@ class IcebergChangelog(TableFolder):
             try:
                 if java is not None:  # (Iceberg's Java library: most of a many-shape start)
                     self._table = None
-                    if not java.create(
-                        self.ident, location, iceberg.model_dump_json(), properties, born
-                    ):
+                    iceberg_json = iceberg.model_dump_json()
+                    written = java.create(self.ident, location, iceberg_json, properties, born)
+                    if written is None:
                         raise SinkError(
                             f"cannot create the Iceberg table {self.name} of shape "
                             f"'{self.shape}': another writer created it meanwhile; start "
                             "again (tidemark takes over a table it created)"
                         )
+                    key = tuple(primary_key)
+                    have, shaped = _made_schemas(iceberg_json, properties[ARROW_PROPERTY], key)
+                    self._born = _Born(written, have, shaped, list(key))
                 else:
                     properties["schema.name-mapping.default"] = (
                         iceberg.name_mapping.model_dump_json()
@@ -231,9 +257,11 @@ class IcebergChangelog(TableFolder):
                 ) from exc
             if isinstance(self.path, Path) and isinstance(self.root, Path):
                 (self.path / "data").mkdir(exist_ok=True)
+                # (the table's folder holds the two new names, data/ and metadata/; the
+                # folders above it were synced when make_dirs made it, and metadata/ with
+                # each file written into it, by tidemark's file IOs)
                 synced = SyncSet()
-                synced.new_folder(self.path / "data", self.root)
-                synced.folder(self.path / "metadata")
+                synced.folder(self.path)
                 synced.sync()
             log.info("table.created", shape=self.shape, path=self.uri, table=self.name)
             return True
@@ -242,6 +270,9 @@ class IcebergChangelog(TableFolder):
         """At start: True when the table exists, every data file of its newest snapshot
         is there with its size, and pyiceberg's own retry is off on it."""
         with self._lock:
+            if self._absent():
+                self._table = self._born = None
+                return False
             try:
                 table = self.loaded()
                 if table is None:
@@ -292,6 +323,18 @@ class IcebergChangelog(TableFolder):
                 synced.sync()
             return True
 
+    def _absent(self) -> bool:
+        """True when a SQL catalog has no row for the table: one short query, where
+        pyiceberg's ``load_table`` goes through its ORM session (most of the check at a
+        new table's creation). False when there is a row, when the catalog is another
+        kind, or when the query fails (``loaded`` then asks, and reports the error)."""
+        if getattr(self.catalog, "engine", None) is None:
+            return False
+        try:
+            return pointer(self.catalog, self.ident) is None
+        except Exception:  # (an error ``loaded`` reports clearly)
+            return False
+
     def _local(self, uri: str) -> Path:
         return Path(uri[len("file://") :]) if uri.startswith("file://") else Path(uri)
 
@@ -304,11 +347,19 @@ class IcebergChangelog(TableFolder):
         )
 
     def arrow_schema(self) -> pa.Schema:
-        table = self.table()
+        with self._lock:
+            born = self._born if self._table is None else None
+            if born is not None:
+                return born.schema
+            table = self.table()
         return with_primary_key(writer_types(table), key_of(table))
 
     def primary_key(self) -> list[str]:
-        return key_of(self.table())
+        with self._lock:
+            born = self._born if self._table is None else None
+            if born is not None:
+                return list(born.key)
+            return key_of(self.table())
 
     def op_type(self) -> pa.DataType | None:
         if not self.exists():
@@ -317,7 +368,9 @@ class IcebergChangelog(TableFolder):
         return schema.field(OP).type if OP in schema.names else None
 
     def needs_replacement(self, schema: pa.Schema, primary_key: Sequence[str]) -> bool:
-        current = snapshots.arrow_schema(self.table())
+        with self._lock:
+            born = self._born if self._table is None else None
+            current = born.have if born is not None else snapshots.arrow_schema(self.table())
         wanted = snapshots.round_trip(pa.schema([f.remove_metadata() for f in schema]))
         for field in wanted:
             if field.name in current.names and not current.field(field.name).type.equals(
@@ -377,6 +430,9 @@ class IcebergChangelog(TableFolder):
     # -- data files ---------------------------------------------------------------------
     def active_files_with_sizes(self) -> list[tuple[str, int]]:
         with self._lock:
+            born = self._born if self._table is None else None
+            if born is not None and pointer(self.catalog, self.ident) == born.pointer:
+                return []  # (as created: its one snapshot adds no file)
             table = self.refresh()
             return [
                 (snapshots.relative(table, f.file_path), f.file_size_in_bytes)
@@ -549,7 +605,7 @@ class IcebergChangelog(TableFolder):
             snapshots.CARRIED,
             extra,
         )
-        self._table = None  # (this object's pyiceberg table is older now)
+        self._table = self._born = None  # (this object's pyiceberg table is older now)
         if kind == "deposed":
             fencing.current().check_table(int(number), self._where)
         if kind == "others":  # (what, the snapshot, tidemark's newest: snapshots.own)
@@ -654,7 +710,7 @@ class IcebergChangelog(TableFolder):
                 extra,
                 backfill=GENERATION,
             )
-            self._table = None  # (this object's pyiceberg table is older now)
+            self._table = self._born = None  # (this object's pyiceberg table is older now)
         if kind == "deposed":
             fencing.current().check_table(int(number), self._where)
         if kind == "lost":
@@ -772,6 +828,19 @@ def expire(table: Table, retention_hours: float) -> Table:
         (AssertRefSnapshotId.model_validate({"snapshot-id": current.snapshot_id, "ref": "main"}),),
     )
     return tx.commit_transaction()
+
+
+@functools.lru_cache(maxsize=256)
+def _made_schemas(
+    iceberg_json: str, arrow_text: str, key: tuple[str, ...]
+) -> tuple[pa.Schema, pa.Schema]:
+    """A new table's schema in Arrow and as ``arrow_schema`` gives it, from the Iceberg
+    schema it was made with (JSON) and its ``ARROW_PROPERTY``: made once per schema (the
+    shapes of one table share theirs)."""
+    from pyiceberg.schema import Schema
+
+    have = snapshots.normalized(Schema.model_validate_json(iceberg_json).as_arrow())
+    return have, with_primary_key(_writer_types(have, arrow_text), list(key))
 
 
 def key_of(table: Table) -> list[str]:
