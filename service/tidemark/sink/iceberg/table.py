@@ -139,7 +139,8 @@ class IcebergChangelog(TableFolder):
         # the stream commits' committer in Spark's driver, where there is one (iceberg.jvm)
         self.java: Callable[[], JavaCommits | None] | None = None
         # what the JVM just created, until the table is read or committed through this
-        # object (most of a many-shape start: its backfill asks without parsing it)
+        # object (most of a many-shape start: its backfill asks without parsing it); set
+        # only while ``_table`` is None, and every read (``loaded``) drops it
         self._born: _Born | None = None
 
     @property
@@ -245,7 +246,7 @@ class IcebergChangelog(TableFolder):
                     )
                     with tx.update_snapshot(snapshot_properties=born).fast_append():
                         pass
-                    self._table = tx.commit_transaction()
+                    self._table, self._born = tx.commit_transaction(), None
             except SinkError:
                 raise
             except Exception as exc:
@@ -348,7 +349,7 @@ class IcebergChangelog(TableFolder):
 
     def arrow_schema(self) -> pa.Schema:
         with self._lock:
-            born = self._born if self._table is None else None
+            born = self._born
             if born is not None:
                 return born.schema
             table = self.table()
@@ -356,7 +357,7 @@ class IcebergChangelog(TableFolder):
 
     def primary_key(self) -> list[str]:
         with self._lock:
-            born = self._born if self._table is None else None
+            born = self._born
             if born is not None:
                 return list(born.key)
             return key_of(self.table())
@@ -369,7 +370,7 @@ class IcebergChangelog(TableFolder):
 
     def needs_replacement(self, schema: pa.Schema, primary_key: Sequence[str]) -> bool:
         with self._lock:
-            born = self._born if self._table is None else None
+            born = self._born
             current = born.have if born is not None else snapshots.arrow_schema(self.table())
         wanted = snapshots.round_trip(pa.schema([f.remove_metadata() for f in schema]))
         for field in wanted:
@@ -430,7 +431,7 @@ class IcebergChangelog(TableFolder):
     # -- data files ---------------------------------------------------------------------
     def active_files_with_sizes(self) -> list[tuple[str, int]]:
         with self._lock:
-            born = self._born if self._table is None else None
+            born = self._born
             if born is not None and pointer(self.catalog, self.ident) == born.pointer:
                 return []  # (as created: its one snapshot adds no file)
             table = self.refresh()
