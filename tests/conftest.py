@@ -8,6 +8,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# Every Spark driver the suite starts (its own sessions, the services and writers it runs as
+# processes, the readers' Spark) compiles with C1 alone: each lives seconds to minutes on a
+# few thousand rows, where C2's compiling was about half of the JVMs' CPU and the suite is
+# bound by the two cores (thread CPU of the drivers in `make test`, 2026-12-02). Users'
+# services keep both tiers. spark-submit puts SPARK_SUBMIT_OPTS on the command line of the
+# JVM it starts, and child processes inherit it.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "ci", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow]
