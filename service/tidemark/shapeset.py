@@ -319,11 +319,14 @@ class ShapeSet:
             if catalogs is not None:
                 catalogs[key] = catalog
         checked = check_shape(definition, catalog)
-        shaped = {
-            s.bound.relation.oid: s.name
-            for s in self.statuses.values()
-            if s.bound is not None and s.name != definition.name
-        }
+
+        def shaped() -> dict[int, str]:
+            return {
+                s.bound.relation.oid: s.name
+                for s in self.statuses.values()
+                if s.bound is not None and s.name != definition.name
+            }
+
         src = self.settings.source
         await check_partition_publishing(
             conn, catalog, shaped, src.publication, publish_all_tables=src.publish_all_tables

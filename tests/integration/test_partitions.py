@@ -7,6 +7,7 @@ After each step every shape equals Postgres."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,44 @@ async def test_a_publication_not_publishing_via_the_root_is_explained_or_changed
     assert pg_db.execute("select pubviaroot from pg_publication where pubname = 'fixed'") == [
         (True,)
     ]
+
+
+@one_server()
+async def test_a_partition_published_via_its_root_is_refused_and_plain_tables_skip_it(
+    pg_db: PgDatabase,
+) -> None:
+    from tidemark.replication.catalog import check_partition_publishing, read_table
+
+    pg_db.execute(
+        SCHEMA
+        + "create table plain (id int primary key);"
+        + "create publication via_root for table events with (publish_via_partition_root = true)"
+    )
+
+    def others_unasked() -> dict[int, str]:
+        raise AssertionError("the other shapes were looked at for a plain table")
+
+    async with await psycopg.AsyncConnection.connect(pg_db.dsn, autocommit=True) as conn:
+        root = await read_table(conn, ShapeDefinition(name="r", table="events"))
+        jan = await read_table(conn, ShapeDefinition(name="j", table="events_jan"))
+        plain = await read_table(conn, ShapeDefinition(name="p", table="plain"))
+        assert (root.partition, jan.partition, plain.partition) == (False, True, False)
+        # a plain table: neither the other shapes nor the catalog's ancestors are asked
+        await check_partition_publishing(
+            conn, plain, others_unasked, "via_root", publish_all_tables=False
+        )
+        # a partition whose root the publication publishes via the root: refused
+        with pytest.raises(ShapeError, match=r"events_jan is a partition.*Define the shape"):
+            await check_partition_publishing(conn, jan, dict, "via_root", publish_all_tables=False)
+        # not known whether it is a partition (None): the catalog is asked, same answer
+        unknown = dataclasses.replace(jan, partition=None)
+        with pytest.raises(ShapeError, match=r"events_jan is a partition"):
+            await check_partition_publishing(
+                conn, unknown, dict, "via_root", publish_all_tables=False
+            )
+        # a publication tidemark has yet to create: refused when another shape follows the root
+        await check_partition_publishing(conn, jan, dict, "absent", publish_all_tables=False)
+        with pytest.raises(ShapeError, match=r"events_jan is a partition"):
+            await check_partition_publishing(
+                conn, jan, lambda: {root.oid: "r"}, "absent", publish_all_tables=False
+            )

@@ -16,7 +16,7 @@ catalog as of that snapshot.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import psycopg
@@ -69,7 +69,7 @@ def check_name(kind: str, name: str) -> str:
 
 _TABLE: Final = """
 select c.oid, c.relkind, c.relreplident, has_table_privilege(c.oid, 'SELECT'),
-       c.relpersistence
+       c.relpersistence, c.relispartition
 from pg_class c join pg_namespace n on n.oid = c.relnamespace
 where n.nspname = %s and c.relname = %s
 """
@@ -161,7 +161,7 @@ async def read_table(conn: Conn, definition: ShapeDefinition) -> CatalogTable:
     if not found:
         existing = await _rows(conn, _CANDIDATES)
         raise ShapeError(missing_table_error(definition, [(s, n) for s, n in existing]))
-    oid, kind, identity, can_select, persistence = found[0]
+    oid, kind, identity, can_select, persistence, partition = found[0]
     encoding, provider, locale = (await _rows(conn, _DATABASE))[0]
     database_collation = Collation("default", provider, locale or "", True)
     columns = []
@@ -201,6 +201,7 @@ async def read_table(conn: Conn, definition: ShapeDefinition) -> CatalogTable:
         encoding=encoding,
         database_collation=database_collation,
         persistence=persistence,
+        partition=partition,
         types=types,
     )
 
@@ -245,7 +246,7 @@ async def validate_shape(conn: Conn, definition: ShapeDefinition) -> CheckedShap
 async def check_partition_publishing(
     conn: Conn,
     catalog: CatalogTable,
-    shaped: Mapping[int, str],
+    shaped: Callable[[], Mapping[int, str]],
     publication: str,
     *,
     publish_all_tables: bool,
@@ -253,10 +254,13 @@ async def check_partition_publishing(
     """A partitioned table's changes are published as its root's: a shape on one of
     its partitions receives nothing while the root is published that way. Refuse the
     shape that would be left without changes (ShapeError, saying what to do).
-    ``shaped``: the relations other shapes follow (oid -> shape name)."""
+    ``shaped`` gives the relations other shapes follow (oid -> shape name); it is asked
+    only for a partitioned table or a partition (at 1000 shapes on one plain table,
+    neither the other shapes nor the catalog's ancestors are looked at)."""
     table = catalog.qualified_name
     if catalog.kind == "p":
-        clash = sorted(shaped[m.oid] for m in catalog.partitions if m.oid in shaped)
+        others = shaped()
+        clash = sorted(others[m.oid] for m in catalog.partitions if m.oid in others)
         if clash:
             raise ShapeError(
                 f"shape(s) {', '.join(clash)} follow partitions of {table}, whose changes "
@@ -264,6 +268,8 @@ async def check_partition_publishing(
                 f"nothing. Define them on {table} with a 'where' on the partition key, or "
                 "remove them first"
             )
+        return
+    if catalog.partition is False:  # (None: not read; ask the catalog)
         return
     ancestors = [
         int(r[0])
@@ -283,7 +289,8 @@ async def check_partition_publishing(
         (ancestors, publication),
     )
     if not rows:  # tidemark creates it: FOR ALL TABLES publishes via the root
-        via_root = publish_all_tables or any(a in shaped for a in ancestors)
+        others = shaped()
+        via_root = publish_all_tables or any(a in others for a in ancestors)
     else:
         row = rows[0]
         via_root = bool(row[1]) and (bool(row[0]) or bool(row[2]))

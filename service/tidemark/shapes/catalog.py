@@ -125,6 +125,7 @@ class CatalogTable:
     database_collation: Collation
     persistence: str = "p"  # pg_class.relpersistence: p permanent, u unlogged, t temporary
     partitions: tuple[Member, ...] = ()  # members below a partitioned table
+    partition: bool | None = None  # pg_class.relispartition (None: not read)
     # user-defined types the columns use, and the types those are made of
     types: TypeCatalog = field(default_factory=dict)
 
