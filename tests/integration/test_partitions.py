@@ -247,8 +247,11 @@ async def test_a_partition_published_via_its_root_is_refused_and_plain_tables_sk
         plain = await read_table(conn, ShapeDefinition(name="p", table="plain"))
         assert (root.partition, jan.partition, plain.partition) == (False, True, False)
         # a plain table: neither the other shapes nor the catalog's ancestors are asked
+        # (on a closed connection: a query would fail)
+        async with await psycopg.AsyncConnection.connect(pg_db.dsn) as closed:
+            pass
         await check_partition_publishing(
-            conn, plain, others_unasked, "via_root", publish_all_tables=False
+            closed, plain, others_unasked, "via_root", publish_all_tables=False
         )
         # a partition whose root the publication publishes via the root: refused
         with pytest.raises(ShapeError, match=r"events_jan is a partition.*Define the shape"):

@@ -73,7 +73,7 @@ from tidemark.writers.writer import JobFailure, ShapeWriter
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 60.0
 # the least time between two of the loop's passes, for each shape: a pass looks at every
-# shape (~0.5 ms at 1000), and pokes come by the hundred a second at many shapes (each
+# shape (0.4-1 ms at 1000), and pokes come by the hundred a second at many shapes (each
 # received batch, each job's end, each backfill's turn; ~210 passes a second while 1000
 # new shapes start, 11% of the Python of their start). 1000 shapes: 20 ms between passes
 # at most, against flush ages of 0.25 s and more; 10 shapes: 0.2 ms
